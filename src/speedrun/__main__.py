@@ -1,0 +1,5 @@
+"""``python -m speedrun`` is the ``speedrun`` command."""
+
+from speedrun.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""The ``speedrun`` command: one subcommand per pipeline stage.
+
+Each stage module exposes ``add_arguments(parser)`` and ``main(args) -> int``; this file only
+builds the argument parser and dispatches. Stage modules are imported lazily, so ``speedrun stats``
+never imports torch. A :class:`~speedrun.errors.SpeedrunError` is printed as one line
+(``speedrun <stage>: error: ...``) and the command exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from speedrun import __version__
+from speedrun.errors import SpeedrunError
+
+# subcommand -> (module, one-line help). Order is the pipeline's order.
+STAGES: dict[str, tuple[str, str]] = {
+    "corpus": ("speedrun.corpus", "write the embedded corpus as documents (parquet, a `text` column)"),
+    "tokenize": ("speedrun.tokenize", "GPT-2 tokenize documents into .bin shards (validation shard first)"),
+    "bos-index": ("speedrun.bos_index", "write the BOS (token 50256) positions of every shard"),
+    "train": ("speedrun.train", "train one (variant, seed) run; launch under torchrun for several processes"),
+    "parse": ("speedrun.parse", "parse a training log (ours or a public record's) into metrics and a result"),
+    "stats": ("speedrun.stats", "statistics of groups of runs: t-test against the target, times"),
+    "compare": ("speedrun.compare", "baseline against candidate: Welch t-tests, differences with CIs"),
+    "report": ("speedrun.report", "plots and tables of an experiment for results/report/"),
+}
+ALIASES = {"bos_index": "bos-index"}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="speedrun", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"speedrun {__version__}")
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    subparsers = {}
+    for name, (_, help_text) in STAGES.items():
+        aliases = [a for a, target in ALIASES.items() if target == name]
+        subparsers[name] = sub.add_parser(name, help=help_text, description=help_text, aliases=aliases)
+    return parser, subparsers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subparsers = build_parser()
+    # Find the stage first so that only its module (and its imports) are loaded.
+    stage = next((a for a in argv if not a.startswith("-")), None)
+    stage = ALIASES.get(stage, stage)
+    if stage in STAGES:
+        module = importlib.import_module(STAGES[stage][0])
+        module.add_arguments(subparsers[stage])
+    args = parser.parse_args(argv)
+    if args.stage is None:
+        parser.print_help()
+        return 2
+    stage = ALIASES.get(args.stage, args.stage)
+    try:
+        return int(module.main(args) or 0)
+    except SpeedrunError as e:
+        print(f"speedrun {stage}: error: {e}", file=sys.stderr)
+        return 2

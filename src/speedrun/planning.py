@@ -1,0 +1,87 @@
+"""Planning-time checks: can the shards feed a run before it is scheduled?
+
+The public BOS-aligned loader once ran out of data mid-run (modded-nanogpt PR #120). The workflow calls
+:func:`check_training_data` for every variant as soon as the BOS index exists, before any training job
+starts, and refuses a run whose planned steps the train shards cannot feed, or whose validation tokens the
+validation shard does not hold. The loader is simulated exactly (no token is copied), so documents cut at
+``max_seq_len`` and the tails dropped by BOS alignment are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from speedrun.data.loader import steps_available
+from speedrun.errors import SpeedrunError
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SpeedrunError(f"{path}: manifest not found (run the tokenize and bos_index stages first)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
+    if key not in cfg:
+        raise SpeedrunError(f"{what}: training setting `{key}` is missing (expected an integer)")
+    value = cfg[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpeedrunError(f"{what}: training setting `{key}` is {value!r}; expected a positive integer")
+    return value
+
+
+def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir: str | Path, what: str) -> None:
+    """Raise :class:`SpeedrunError` unless the shards can feed the run that ``cfg`` describes.
+
+    Args:
+        cfg: resolved training settings (config.yaml ``train`` with a variant's overrides); reads ``steps``,
+            ``tokens_per_step``, ``micro_batches``, ``max_seq_len`` and ``val_tokens``.
+        shards_dir: the tokenize stage's folder (shards and ``manifest.json``).
+        bos_dir: the bos_index stage's folder (one ``.npy`` per shard and ``manifest.json``).
+        what: names the run in messages (e.g. ``"variant 'baseline'"``).
+
+    Raises:
+        SpeedrunError: the batch does not divide into micro-batches, the validation shard holds fewer than
+            ``val_tokens + 1`` tokens, or the train shards feed fewer than ``steps`` steps (the message says
+            how many steps they feed and about how many shards the run needs).
+    """
+    shards_dir, bos_dir = Path(shards_dir), Path(bos_dir)
+    steps = _setting(cfg, "steps", what)
+    tokens_per_step = _setting(cfg, "tokens_per_step", what)
+    micro_batches = _setting(cfg, "micro_batches", what)
+    max_seq_len = _setting(cfg, "max_seq_len", what)
+    val_tokens = _setting(cfg, "val_tokens", what)
+    if tokens_per_step % micro_batches:
+        raise SpeedrunError(
+            f"{what}: tokens_per_step {tokens_per_step} is not a multiple of micro_batches {micro_batches}"
+        )
+    manifest = _read_manifest(shards_dir / "manifest.json")
+    shards = manifest["shards"]
+    val = [s for s in shards if s["split"] == "val"]
+    train = [s for s in shards if s["split"] == "train"]
+    if not val or val[0]["tokens"] < val_tokens + 1:
+        held = val[0]["tokens"] if val else 0
+        raise SpeedrunError(
+            f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {held} tokens "
+            f"(it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
+        )
+    bos = {entry["shard"]: bos_dir / entry["file"] for entry in _read_manifest(bos_dir / "manifest.json")["shards"]}
+    missing = [s["file"] for s in train if s["file"] not in bos]
+    if missing:
+        raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")
+    lengths = [s["tokens"] for s in train]
+    indices = [np.load(bos[s["file"]], mmap_mode="r") for s in train]
+    fed = steps_available(lengths, indices, tokens_per_step // micro_batches, max_seq_len, micro_batches, steps)
+    if fed < steps:
+        tokens = sum(lengths)
+        shards_needed = math.ceil(len(train) * steps / max(fed, 1))
+        raise SpeedrunError(
+            f"{what}: {steps} steps of {tokens_per_step} tokens (documents cut at max_seq_len {max_seq_len}) "
+            f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "
+            f"only {fed} steps. Use about {shards_needed} train shards, or fewer steps or tokens per step."
+        )

@@ -1,0 +1,20 @@
+# Stage 6b: each candidate against the baseline: Welch t-tests on val_loss and train_time, differences of
+# the means with 95% confidence intervals.
+
+
+rule compare:
+    output:
+        json="results/stats/compare/{variant}.json",
+        markdown="results/stats/compare/{variant}.md",
+    input:
+        baseline=get_parsed("json", BASELINE),
+        candidate=get_candidate_records,
+        code=code("speedrun.compare"),
+    params:
+        alpha=config["stats"]["alpha"],
+        baseline=BASELINE,
+    log:
+        "logs/compare/{variant}.log",
+    shell:
+        "cd results/parse && speedrun compare {params.baseline} {wildcards.variant} --alpha {params.alpha} "
+        "--json-out ../../{output.json} --markdown-out ../../{output.markdown} > ../../{log} 2>&1"

@@ -1,0 +1,43 @@
+# Stage 7: results/report/ — the statistics and comparison tables and the plots, each marked for
+# `snakemake --report results/report.html`.
+
+
+rule report:
+    output:
+        summary=report(
+            "results/report/summary.md",
+            caption="../report/summary.rst",
+            category="Statistics",
+        ),
+        runs=report(
+            "results/report/runs.csv",
+            caption="../report/runs.rst",
+            category="Statistics",
+        ),
+        val_loss=report(
+            "results/report/val_loss.png",
+            caption="../report/val_loss.rst",
+            category="Plots",
+        ),
+        final=report(
+            "results/report/final_val_loss.png",
+            caption="../report/final_val_loss.rst",
+            category="Plots",
+        ),
+    input:
+        summary=rules.stats.output.summary,
+        comparisons=get_comparisons(),
+        csv=get_parsed("csv"),
+        records=get_parsed("json"),
+        code=code("speedrun.report"),
+    params:
+        target=config["stats"]["target"],
+        alpha=config["stats"]["alpha"],
+        baseline=BASELINE,
+        zoom=config["report"]["zoom_last_fraction"],
+    log:
+        "logs/report/report.log",
+    shell:
+        "speedrun report --runs {input.records} --summary {input.summary} "
+        "--comparisons {input.comparisons} --baseline {params.baseline} --target {params.target} "
+        "--alpha {params.alpha} --zoom-last-fraction {params.zoom} --out-dir results/report > {log} 2>&1"
