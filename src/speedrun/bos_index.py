@@ -1,0 +1,76 @@
+"""Stage ``speedrun bos-index``: the BOS (token 50256) positions of every shard.
+
+For each shard of the tokenize manifest, the sorted int64 positions of 50256 in its tokens are saved
+as ``<shard stem>.npy``, with a ``manifest.json`` listing ``{file, shard, shard_sha256, count}`` per
+shard (docs/formats.md), so the training loader plans BOS-aligned batches without scanning shards and
+a stale index is detected. modded-nanogpt computes the same index at load time in a background thread
+(``Shard``, speedrun-spec.md section 1.3, records #26 and #33); here it is a pipeline stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speedrun.atomic import write_json
+from speedrun.data.dataset import MANIFEST, atomic_directory, read_manifest
+from speedrun.data.shards import BOS_ID, load_shard, sha256_file
+from speedrun.errors import SpeedrunError
+
+
+def bos_positions(tokens: np.ndarray) -> np.ndarray:
+    """Sorted positions of token 50256 in ``tokens`` ((N,) integer ids): (K,) int64."""
+    return np.flatnonzero(np.asarray(tokens) == BOS_ID).astype(np.int64, copy=False)
+
+
+def index_shard(shard_path: Path, entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Check the shard at ``shard_path`` against its tokenize-manifest ``entry`` (sha256, token
+    count), write its BOS index into ``out_dir``; return the index's manifest entry.
+
+    Raises :class:`SpeedrunError` for a corrupt header or a sha256 or count that differs from the
+    manifest (a stale manifest or a modified shard).
+    """
+    tokens = load_shard(shard_path)
+    digest = sha256_file(shard_path)
+    if digest != entry["sha256"]:
+        raise SpeedrunError(
+            f"{shard_path}: sha256 {digest} differs from {entry['sha256']} in the shard manifest; "
+            "the shard or the manifest is stale, rerun `speedrun tokenize`"
+        )
+    if len(tokens) != entry["tokens"]:
+        raise SpeedrunError(
+            f"{shard_path}: holds {len(tokens)} tokens, the shard manifest says {entry['tokens']}"
+        )
+    positions = bos_positions(tokens)
+    name = f"{shard_path.stem}.npy"
+    np.save(out_dir / name, positions, allow_pickle=False)
+    return {"file": name, "shard": shard_path.name, "shard_sha256": digest, "count": len(positions)}
+
+
+def build_bos_index(shards_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Write the BOS index of every shard listed in ``shards_dir/manifest.json`` into ``out_dir``
+    (as a whole, atomically) and return its manifest. Raises :class:`SpeedrunError` on a missing or
+    bad manifest or shard."""
+    shards_dir, out_dir = Path(shards_dir), Path(out_dir)
+    shards = read_manifest(shards_dir, "shards")
+    with atomic_directory(out_dir) as tmp:
+        indices = [index_shard(shards_dir / entry["file"], entry, tmp) for entry in shards["shards"]]
+        manifest = {"dataset": shards.get("dataset"), "bos_id": BOS_ID, "shards": indices}
+        write_json(tmp / MANIFEST, manifest)
+    return manifest
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shards-dir", type=Path, required=True,
+                        help="directory of shards with the manifest.json of `speedrun tokenize`")
+    parser.add_argument("--out-dir", type=Path, required=True, help="directory of BOS indices to write")
+
+
+def main(args: argparse.Namespace) -> int:
+    manifest = build_bos_index(args.shards_dir, args.out_dir)
+    documents = sum(entry["count"] for entry in manifest["shards"])
+    print(f"wrote the BOS index of {len(manifest['shards'])} shards ({documents} BOS) to {args.out_dir}")
+    return 0

@@ -1,0 +1,99 @@
+"""`speedrun bos-index`: positions against a naive scan, manifest, stale and corrupt shards; and
+opening a tokenized dataset for training (`speedrun.data.dataset.open_dataset`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from speedrun.bos_index import bos_positions, build_bos_index
+from speedrun.data.dataset import open_dataset
+from speedrun.data.shards import load_shard
+from speedrun.errors import SpeedrunError
+from speedrun.tokenize import tokenize_documents
+
+BOS = 50256
+
+
+def naive_scan(tokens) -> list[int]:
+    return [p for p in range(len(tokens)) if int(tokens[p]) == BOS]
+
+
+@pytest.fixture()
+def shards_dir(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["To", " be", ",", " or", " not", " to", " be", "\n"]
+    texts = ["".join(rng.choice(words, size=rng.integers(1, 80))) for _ in range(200)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "d.parquet")
+    tokenize_documents(tmp_path / "d.parquet", "toy", 1000, tmp_path / "shards")
+    return tmp_path / "shards"
+
+
+def test_bos_positions_matches_naive_scan():
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(50250, 50258, size=3000).astype(np.uint16)
+    positions = bos_positions(tokens)
+    assert positions.dtype == np.int64
+    assert positions.tolist() == naive_scan(tokens)
+    assert bos_positions(np.zeros(0, dtype=np.uint16)).tolist() == []
+
+
+def test_index_of_every_shard(shards_dir, tmp_path):
+    manifest = build_bos_index(shards_dir, tmp_path / "bos")
+    shards = json.loads((shards_dir / "manifest.json").read_text())["shards"]
+    assert [e["shard"] for e in manifest["shards"]] == [s["file"] for s in shards]
+    assert len(shards) >= 3
+    total = 0
+    for entry, shard in zip(manifest["shards"], shards):
+        assert entry["file"] == shard["file"].replace(".bin", ".npy")
+        assert entry["shard_sha256"] == shard["sha256"]
+        positions = np.load(tmp_path / "bos" / entry["file"])
+        assert positions.dtype == np.int64
+        assert positions.tolist() == naive_scan(load_shard(shards_dir / shard["file"]))
+        assert entry["count"] == len(positions)
+        total += len(positions)
+    assert total == 200  # one BOS per document
+    assert json.loads((tmp_path / "bos" / "manifest.json").read_text()) == manifest
+
+
+def test_stale_sha_is_rejected(shards_dir, tmp_path):
+    path = shards_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][1]["sha256"] = "0" * 64
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpeedrunError, match=r"toy_train_000001.bin: sha256 .* differs from 0000"):
+        build_bos_index(shards_dir, tmp_path / "bos")
+    assert not (tmp_path / "bos").exists()
+
+
+def test_corrupt_shard_is_named(shards_dir, tmp_path):
+    shard = shards_dir / "toy_train_000002.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[0] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(SpeedrunError, match=r"toy_train_000002.bin: not a token shard"):
+        build_bos_index(shards_dir, tmp_path / "bos")
+
+
+def test_open_dataset(shards_dir, tmp_path):
+    build_bos_index(shards_dir, tmp_path / "bos")
+    data = open_dataset(shards_dir, tmp_path / "bos")
+    assert data.val_tokens.tolist() == load_shard(shards_dir / "toy_val_000000.bin").tolist()
+    assert data.val_bos.tolist() == naive_scan(data.val_tokens)
+    assert len(data.train_shards) == len(data.train_bos) >= 2
+    for tokens, bos in zip(data.train_shards, data.train_bos):
+        assert bos.tolist() == naive_scan(tokens)
+
+
+def test_open_dataset_refuses_stale_index(shards_dir, tmp_path):
+    build_bos_index(shards_dir, tmp_path / "bos")
+    path = shards_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][0]["sha256"] = "f" * 64
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpeedrunError, match="toy_val_000000.bin with sha256 ffff.*stale"):
+        open_dataset(shards_dir, tmp_path / "bos")
