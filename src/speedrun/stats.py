@@ -1,0 +1,151 @@
+"""Stage ``stats``: per group of runs, val_loss and train_time statistics and the record-rule t-test.
+
+``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--json] [--json-out FILE] [--markdown-dir DIR]``
+
+Each PATH is a training log, a parsed-run ``.json`` or a directory of them (grouping:
+:mod:`speedrun.analysis.groups`). Only complete, non-duplicate runs are counted in ``n``; incomplete runs
+(diverged, failed, truncated) are listed with their status. The test is the record rule (modded-nanogpt README
+L207-220): one-sided ``scipy.stats.ttest_1samp(val_loss, target, alternative="less")``, significant when
+``p < alpha``. Output layout: docs/formats.md "Statistics".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from speedrun.analysis.groups import Group, collect_runs
+from speedrun.analysis.logs import RunRecord
+from speedrun.analysis.tests import OneSampleTest, Summary, one_sample_less, summarize
+from speedrun.atomic import write_json, write_text
+from speedrun.errors import SpeedrunError
+
+DEFAULT_TARGET = 3.28
+DEFAULT_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """The statistics of one group: its val_loss summary and t-test, and train_time in seconds.
+
+    ``val_loss`` and ``test`` are over the counted runs (complete, not duplicates); ``train_time_s`` over
+    those of them that have a train_time (llm.c logs have none). ``incomplete`` counts the other runs by
+    status.
+    """
+
+    group: Group
+    target: float
+    alpha: float
+    val_loss: Summary
+    test: OneSampleTest
+    train_time_s: Summary
+    incomplete: dict[str, int]
+
+    @property
+    def reaches_target(self) -> bool | None:
+        """``p < alpha`` (the record rule); ``None`` when no p-value could be computed."""
+        return None if self.test.p_value is None else self.test.p_value < self.alpha
+
+    def to_json(self) -> dict[str, Any]:
+        """The docs/formats.md "Statistics" object (``summary.json`` holds a list of these)."""
+        g = self.group
+        return strict_json({
+            "group": g.name, "path": g.path, "slug": g.slug, "n": self.val_loss.n, "steps": g.steps,
+            "gpu_count": g.gpu_count, "split_reason": g.split_reason,
+            "val_loss_mean": self.val_loss.mean, "val_loss_std": self.val_loss.std,
+            "val_loss_min": self.val_loss.min, "val_loss_max": self.val_loss.max,
+            "t_statistic": self.test.t_statistic, "p_value": self.test.p_value,
+            "p_value_reason": self.test.reason, "hypothesis": self.test.hypothesis,
+            "target": self.target, "alpha": self.alpha, "reaches_target": self.reaches_target,
+            "train_time_n": self.train_time_s.n,
+            "train_time_mean_s": self.train_time_s.mean, "train_time_std_s": self.train_time_s.std,
+            "train_time_min_s": self.train_time_s.min, "train_time_max_s": self.train_time_s.max,
+            "incomplete": dict(self.incomplete), "duplicates": dict(g.duplicates),
+            "warnings": g.warnings(), "skipped_files": list(g.skipped),
+            "runs": [_run_json(r, orig) for r, orig in zip(g.runs, g.duplicate_of)],
+        })
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with non-finite floats (in nested dicts and lists) replaced by ``None``, so the JSON is strict."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def _run_json(run: RunRecord, duplicate_of: str | None) -> dict[str, Any]:
+    return {"file": run.file, "val_loss": run.val_loss, "train_time_ms": run.train_time_ms, "steps": run.steps,
+            "status": run.status, "seed": run.seed, "reason": run.reason,
+            "duplicate_of": duplicate_of}
+
+
+def group_stats(group: Group, target: float = DEFAULT_TARGET, alpha: float = DEFAULT_ALPHA) -> GroupStats:
+    """The statistics of ``group`` against ``target`` val_loss at level ``alpha`` (units: nats/token, s)."""
+    counted = group.counted
+    losses = [r.val_loss for r in counted]
+    times = [r.train_time_ms / 1000.0 for r in counted if r.train_time_ms is not None]
+    incomplete = Counter(r.status for r in group.runs if r.status != "complete")
+    return GroupStats(group=group, target=target, alpha=alpha, val_loss=summarize(losses),
+                      test=one_sample_less(losses, target), train_time_s=summarize(times),
+                      incomplete=dict(sorted(incomplete.items())))
+
+
+def compute_stats(paths: Sequence[str], target: float = DEFAULT_TARGET,
+                  alpha: float = DEFAULT_ALPHA) -> list[GroupStats]:
+    """Group the runs at ``paths`` and compute each group's statistics.
+
+    Raises:
+        SpeedrunError: as :func:`speedrun.analysis.groups.collect_runs`.
+    """
+    return [group_stats(g, target, alpha) for g in collect_runs(paths)]
+
+
+def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
+    """Write ``<directory>/<group slug>/statistics.md`` for each group, atomically; return the paths."""
+    from speedrun.analysis.tables import statistics_markdown
+
+    out = []
+    for s in results:
+        path = Path(directory) / s.group.slug / "statistics.md"
+        write_text(path, statistics_markdown(s))
+        out.append(path)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="training logs, parsed-run .json files, or directories of them (one group each)")
+    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
+                        help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help=f"significance level of the one-sided t-test (default {DEFAULT_ALPHA})")
+    parser.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
+    parser.add_argument("--json-out", metavar="FILE", help="also write the JSON list to FILE (summary.json)")
+    parser.add_argument("--markdown-dir", metavar="DIR", help="also write DIR/<group>/statistics.md per group")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 0 < args.alpha < 1:
+        raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    results = compute_stats(args.paths, args.target, args.alpha)
+    objects = [s.to_json() for s in results]
+    if args.json_out:
+        write_json(args.json_out, objects)
+    if args.markdown_dir:
+        write_markdown(results, args.markdown_dir)
+    if args.json:
+        print(json.dumps(objects, indent=2))
+    else:
+        from speedrun.analysis.tables import stats_table
+
+        print(stats_table(results))
+    return 0

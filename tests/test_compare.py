@@ -1,0 +1,125 @@
+"""Welch t-tests, confidence intervals, speedup, and `speedrun compare`."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from speedrun import cli
+from speedrun.analysis.groups import Group
+from speedrun.analysis.tests import speedup, welch_ci, welch_dof, welch_test
+from speedrun.compare import compare_groups, one_group
+from speedrun.errors import SpeedrunError
+from test_logs import REFERENCE, needs_reference
+from test_stats import make_runs, record
+
+
+def test_welch_by_hand():
+    # x: mean 2, var 1; y: mean 4, var 10/3. se^2 = 1/3 + 5/6 = 7/6; dof = (7/6)^2 / ((1/3)^2/2 + (5/6)^2/3) = 147/31
+    x, y = [1.0, 2.0, 3.0], [2.0, 3.0, 5.0, 6.0]
+    assert welch_dof(x, y) == pytest.approx(147 / 31, rel=1e-12)
+    res = welch_test(x, y, "less", "x lower")
+    assert res.t_statistic == pytest.approx(-2 / math.sqrt(7 / 6), rel=1e-12)
+    assert res.difference == pytest.approx(-2.0) and res.dof == pytest.approx(147 / 31)
+    half = sps.t.ppf(0.975, 147 / 31) * math.sqrt(7 / 6)
+    assert (res.ci_low, res.ci_high) == pytest.approx((-2 - half, -2 + half), rel=1e-12)
+    assert res.p_value == pytest.approx(sps.t.cdf(-2 / math.sqrt(7 / 6), 147 / 31), rel=1e-10)
+
+
+sample = st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=25).filter(lambda v: np.ptp(v) > 1e-3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(sample, sample, st.sampled_from(["less", "greater", "two-sided"]), st.sampled_from([0.9, 0.95, 0.99]))
+def test_welch_agrees_with_scipy(c, b, alternative, confidence):
+    ours = welch_test(c, b, alternative, "h", confidence)
+    ref = sps.ttest_ind(c, b, equal_var=False, alternative=alternative)
+    assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-300)
+    assert ours.dof == pytest.approx(ref.df, rel=1e-9)
+    ci = sps.ttest_ind(c, b, equal_var=False).confidence_interval(confidence)  # two-sided interval
+    diff, low, high = welch_ci(c, b, confidence)
+    assert (low, high) == pytest.approx((ci.low, ci.high), rel=1e-9, abs=1e-12)
+    assert diff == pytest.approx(np.mean(c) - np.mean(b), abs=1e-12)
+
+
+def test_speedup_and_untestable_sides():
+    sp = speedup([10.0, 12.0], [9.0, 9.0])
+    assert (sp.difference, sp.percent) == pytest.approx((2.0, 200 / 11))
+    assert speedup([], [1.0]) is None
+    res = welch_test([1.0], [1.0, 2.0], "less", "h")
+    assert res.p_value is None and "at least 2" in res.reason and res.difference == pytest.approx(-0.5)
+
+
+def test_compare_groups_directions_and_units():
+    base = Group("base", "base", "base", tuple(record(f"b{i}", v, t) for i, (v, t) in
+                                               enumerate([(3.280, 90000.0), (3.281, 90500.0), (3.279, 89500.0)])))
+    cand = Group("cand", "cand", "cand", tuple(record(f"c{i}", v, t) for i, (v, t) in
+                                               enumerate([(3.276, 85000.0), (3.277, 85400.0), (3.275, 84600.0)])))
+    c = compare_groups(base, cand, alpha=0.01).to_json()
+    assert (c["baseline"], c["candidate"], c["n_baseline"], c["n_candidate"]) == ("base", "cand", 3, 3)
+    assert c["val_loss"]["difference"] == pytest.approx(-0.004)
+    assert c["val_loss"]["p_value"] == pytest.approx(sps.ttest_ind([3.276, 3.277, 3.275], [3.280, 3.281, 3.279],
+                                                                   equal_var=False, alternative="less").pvalue)
+    assert c["train_time"]["difference"] == pytest.approx(-5.0) and c["train_time"]["unit"] == "s"
+    assert c["train_time"]["significant"] is True
+    assert c["speedup"]["seconds"] == pytest.approx(5.0) and c["speedup"]["percent"] == pytest.approx(500 / 90)
+    assert c["warnings"] == []
+
+
+def test_compare_cli_on_our_logs(tmp_path, capsys):
+    make_runs(tmp_path / "baseline", [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0),
+                                      (2, "complete", "cpu", 6.92, 101.0)])
+    make_runs(tmp_path / "candidate", [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                                       (2, "diverged", "cpu", 6.9, 90.0), (3, "complete", "cpu", 6.79, 92.0)])
+    out_json, out_md = tmp_path / "cmp" / "candidate.json", tmp_path / "cmp" / "candidate.md"
+    argv = ["compare", str(tmp_path / "baseline"), str(tmp_path / "candidate"), "--json-out", str(out_json),
+            "--markdown-out", str(out_md)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    c = json.loads(out_json.read_text())
+    assert (c["n_baseline"], c["n_candidate"]) == (3, 3)
+    times_b, times_c = np.array([400, 408, 404]) / 1000, np.array([360, 364, 368]) / 1000
+    ref = sps.ttest_ind(times_c, times_b, equal_var=False, alternative="less")
+    assert c["train_time"]["p_value"] == pytest.approx(ref.pvalue)
+    ci = sps.ttest_ind(times_c, times_b, equal_var=False).confidence_interval(0.95)
+    assert (c["train_time"]["ci_low"], c["train_time"]["ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert c["speedup"]["seconds"] == pytest.approx(times_b.mean() - times_c.mean())
+    assert "speedup: 0.040 s (9.90%" in printed and "H1: candidate mean train_time < baseline" in printed
+    md = out_md.read_text()
+    assert md.startswith(f"# {tmp_path / 'candidate'} vs {tmp_path / 'baseline'}")
+    assert "H1: candidate mean val_loss < baseline" in md
+
+
+def test_compare_warns_about_shared_runs_and_gpu_counts(tmp_path):
+    make_runs(tmp_path / "a", [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0)])
+    make_runs(tmp_path / "b", [(0, "complete", "NVIDIA H200 x 1", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0)])
+    with pytest.raises(SpeedrunError, match="resolves to 2 groups"):
+        one_group(str(tmp_path / "b"), "CANDIDATE")
+    c = compare_groups(one_group(str(tmp_path / "a"), "BASELINE"), one_group(str(tmp_path / "a" / "seed1.txt"), "C"))
+    assert any("identical run" in w for w in c.warnings)
+
+
+@needs_reference
+def test_bigrams_pr299_against_its_baseline(capsys):
+    folder = REFERENCE / "2026-05-20_BigramsSignTrick"
+    c = compare_groups(one_group(str(folder / "baseline"), "B"), one_group(str(folder / "pr299"), "C")).to_json()
+    published = (folder / "pr299" / "statistics.md").read_text()
+    loss_delta = float(re.search(r"^\| val_loss mean \| [\d.]+ \| [\d.]+ \| (-?[\d.]+) \|$", published, re.M)[1])
+    time_delta = float(re.search(r"^\| train_time mean \(ms\) \| [\d.]+ \| [\d.]+ \| \*\*(-?[\d.]+)\*\* \|$",
+                                 published, re.M)[1])
+    assert round(c["val_loss"]["difference"], 5) == loss_delta
+    assert round(c["train_time"]["difference"] * 1000, 1) == time_delta
+    assert c["train_time"]["p_value"] < 1e-10 and c["val_loss"]["p_value"] > 0.1
+
+
+@needs_reference
+def test_compare_refuses_a_split_directory(capsys):
+    assert cli.main(["compare", str(REFERENCE / "2026-01-26-UntieValueEmbeddings"),
+                     str(REFERENCE / "2025-09-10_Yarn")]) == 2
+    err = capsys.readouterr().err
+    assert "BASELINE" in err and "resolves to 2 groups" in err and "step counts differ" in err

@@ -1,0 +1,308 @@
+"""Grouping of runs, the record-rule t-test, and `speedrun stats` (incl. PUBLISHED.md reproduced)."""
+
+import json
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import integrate, stats as sps
+
+from speedrun import cli
+from speedrun import stats as stats_stage
+from speedrun.analysis.groups import Group, collect_runs, run_label
+from speedrun.analysis.logs import RunRecord
+from speedrun.analysis.tables import statistics_markdown
+from speedrun.analysis.tests import one_sample_less, summarize
+from speedrun.errors import SpeedrunError
+from test_logs import REFERENCE, needs_reference, our_log, write
+
+
+def student_t_cdf(t: float, dof: int) -> float:
+    """P(T <= t) by integrating the Student t density (written out, not scipy's t distribution)."""
+    def density(x):
+        return math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi) * \
+            (1 + x * x / dof) ** (-(dof + 1) / 2)
+    return integrate.quad(density, -math.inf, t, epsabs=1e-13)[0]
+
+
+def test_one_sample_test_against_hand_formula():
+    x = [3.2783, 3.2792, 3.2791, 3.2819, 3.2798, 3.2812]
+    n, mean = len(x), sum(x) / len(x)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
+    t = (mean - 3.28) / (sd / math.sqrt(n))
+    res = one_sample_less(x, 3.28)
+    assert res.mean == pytest.approx(mean, rel=1e-12) and res.std == pytest.approx(sd, rel=1e-9)
+    assert res.t_statistic == pytest.approx(t, rel=1e-9) and res.dof == n - 1
+    assert res.p_value == pytest.approx(student_t_cdf(t, n - 1), rel=1e-6)  # H1 mean < target: lower tail
+    assert res.alternative == "less" and res.hypothesis == "mean < 3.28"
+
+
+def test_untestable_samples_give_reasons():
+    assert one_sample_less([3.27], 3.28).p_value is None
+    assert "at least 2" in one_sample_less([3.27], 3.28).reason
+    assert "at least 2" in one_sample_less([], 3.28).reason and summarize([]).mean is None
+    assert "zero variance" in one_sample_less([3.27, 3.27], 3.28).reason
+    assert summarize([2.0]).std is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(3.0, 3.5, allow_nan=False), min_size=2, max_size=30).filter(lambda x: np.ptp(x) > 1e-6),
+       st.floats(3.0, 3.5))
+def test_one_sample_agrees_with_scipy(x, target):
+    res = one_sample_less(x, target)
+    ref = sps.ttest_1samp(x, target, alternative="less")
+    assert res.p_value == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-300)
+    assert res.std == pytest.approx(np.std(x, ddof=1), rel=1e-9)
+
+
+def record(file, val_loss, time_ms, *, status="complete", steps=100, seed=None, gpu_count=8, h=None):
+    return RunRecord(file=file, format="modded", status=status, steps=steps, last_step=steps, val_loss=val_loss,
+                     train_time_ms=time_ms, step_avg_ms=None, seed=seed, gpu_count=gpu_count,
+                     content_hash=h or file, curve_hash=file)
+
+
+runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), min_size=2, max_size=20).filter(
+    lambda rs: np.ptp([r[0] for r in rs]) > 1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(runs_strategy, st.randoms())
+def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
+    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
+    shuffled = records[:]
+    rnd.shuffle(shuffled)
+    a = stats_stage.group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
+    b = stats_stage.group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    for key in ("n", "val_loss_mean", "val_loss_std", "p_value", "train_time_mean_s", "train_time_std_s"):
+        assert a[key] == pytest.approx(b[key], rel=1e-9)
+    times_ms = np.array([t for _, t in runs])
+    assert a["train_time_mean_s"] * 1000 == pytest.approx(times_ms.mean(), rel=1e-12)
+    assert a["train_time_std_s"] * 1000 == pytest.approx(times_ms.std(ddof=1), rel=1e-9)
+    assert a["p_value"] == pytest.approx(sps.ttest_1samp([v for v, _ in runs], 3.28, alternative="less").pvalue,
+                                         rel=1e-9, abs=1e-300)
+
+
+def test_incomplete_and_duplicate_runs_are_listed_not_counted():
+    runs = (record("a.txt", 3.27, 1000.0), record("b.txt", 3.28, 1100.0, h="a.txt"),
+            record("c.txt", None, None, status="diverged"), record("d.txt", 3.29, 1200.0),
+            record("e.txt", None, None, status="truncated"))
+    s = stats_stage.group_stats(Group("g", "g", "g", runs, duplicate_of=(None, "a.txt", None, None, None)), 3.28).to_json()
+    assert s["n"] == 2 and s["val_loss_mean"] == pytest.approx(3.28)
+    assert s["incomplete"] == {"diverged": 1, "truncated": 1}
+    assert [r["status"] for r in s["runs"]] == ["complete", "complete", "diverged", "complete", "truncated"]
+    assert s["runs"][1]["duplicate_of"] == "a.txt"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Groups from files: our format written in temporary directories.
+
+def make_runs(folder, specs):
+    """specs: (seed, end, device, final val_loss, step_ms) -> our-format logs seed<seed>.txt in ``folder``."""
+    paths = []
+    for seed, end, device, final, step_ms in specs:
+        losses = [10.8, 9.0, 8.0, 7.5, final]
+        text, _ = our_log(steps=4, seed=seed, end=end, device=device, losses=losses, step_ms=step_ms)
+        paths.append(write(folder / f"seed{seed}.txt", text))
+    return paths
+
+
+def test_directory_groups_skip_non_logs_and_flag_duplicates(tmp_path):
+    base = tmp_path / "baseline"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 101.0),
+                     (2, "complete", "cpu", 6.85, 99.0), (3, "diverged", "cpu", 6.9, 100.0),
+                     (4, "failed", "cpu", 6.9, 100.0)])
+    write(base / "README.md", "# notes\n")
+    (base / "sub").mkdir()
+    shutil.copy(base / "seed0.txt", base / "sub" / "seed0.txt")  # subdirectories are not read
+    shutil.copy(base / "seed0.txt", base / "zz_copy.txt")
+    [g] = collect_runs([str(base)])
+    assert g.name == str(base) and g.slug == "baseline" and g.split_reason is None
+    assert len(g.runs) == 6 and len(g.counted) == 3
+    assert g.duplicates == {str(base / "zz_copy.txt"): str(base / "seed0.txt")}
+    assert g.skipped == (str(base / "README.md"),)
+    s = stats_stage.group_stats(g, 7.0).to_json()
+    assert s["n"] == 3 and s["incomplete"] == {"diverged": 1, "failed": 1}
+    assert s["val_loss_mean"] == pytest.approx(6.9) and s["val_loss_std"] == pytest.approx(0.05)
+    assert s["train_time_mean_s"] == pytest.approx(0.4)  # 4 steps x 100 ms on average
+    assert s["p_value"] == pytest.approx(sps.ttest_1samp([6.90, 6.95, 6.85], 7.0, alternative="less").pvalue)
+
+
+def test_split_by_gpu_count_and_file_arguments_group_by_parent(tmp_path):
+    d = tmp_path / "mixed"
+    make_runs(d, [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0),
+                  (2, "complete", "NVIDIA H200 x 1", 6.7, 10.0)])
+    groups = collect_runs([str(d)])
+    assert [g.name for g in groups] == [f"{d} [CPU]", f"{d} [1 GPU]"]
+    assert [len(g.runs) for g in groups] == [2, 1]
+    assert "GPU counts differ (2 runs on 0, 1 runs on 1)" in groups[0].split_reason
+    assert groups[0].slug == "mixed_CPU"
+    files = collect_runs([str(d / "seed0.txt"), str(d / "seed1.txt")])
+    assert [g.name for g in files] == [str(d)] and len(files[0].runs) == 2
+
+
+def test_unknown_step_counts_join_the_only_known_one(tmp_path):
+    make_runs(tmp_path / "d", [(0, "complete", "cpu", 6.9, 100.0)])
+    write(tmp_path / "d" / "cut.log", "s:0 tel:11.0\ns:0 trl:10.9\n")  # llm.c, unfinished: steps unknown
+    [g] = collect_runs([str(tmp_path / "d")])
+    assert g.split_reason is None and len(g.runs) == 2 and g.steps == 4
+    text, _ = our_log(steps=6, seed=5)
+    write(tmp_path / "d" / "seed5.txt", text)
+    groups = collect_runs([str(tmp_path / "d")])
+    assert [g.name.rsplit(" ", 2)[-2:] for g in groups] == [["[4", "steps]"], ["[6", "steps]"], ["[steps", "unknown]"]]
+    assert "1 runs of 4, 1 runs of 6, 1 runs of unknown" in groups[0].split_reason
+
+
+def test_same_directory_twice_and_slug_collisions(tmp_path):
+    make_runs(tmp_path / "x" / "baseline", [(0, "complete", "cpu", 6.9, 100.0)])
+    make_runs(tmp_path / "y" / "baseline", [(0, "complete", "cpu", 6.8, 100.0)])
+    spelled = [str(tmp_path / "x" / "baseline"), str(tmp_path / "x" / "." / "baseline" / ""), str(tmp_path / "y" / "baseline")]
+    groups = collect_runs(spelled)
+    assert [len(g.runs) for g in groups] == [1, 1]
+    assert [g.slug for g in groups] == ["x__baseline", "y__baseline"]
+
+
+def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
+    from speedrun.parse import parse_to_files
+
+    logs = make_runs(tmp_path / "train" / "v", [(0, "complete", "cpu", 6.9, 100.0), (1, "diverged", "cpu", 6.9, 1.0)])
+    for log in logs:
+        parse_to_files(str(log), str(tmp_path / "parse" / "v" / f"{log.stem}.csv"),
+                       str(tmp_path / "parse" / "v" / f"{log.stem}.json"))
+        log.write_text("overwritten: the JSON must be used, not the log\n")
+    [g] = collect_runs([str(tmp_path / "parse" / "v")])
+    assert [(r.status, r.val_loss, r.seed) for r in g.runs] == [("complete", 6.9, 0), ("diverged", None, 1)]
+    assert len(g.skipped) == 2  # the two CSV files
+
+
+def test_one_log_parsed_twice_counts_once(tmp_path):
+    from speedrun.parse import parse_to_files
+
+    [log] = make_runs(tmp_path / "train", [(0, "complete", "cpu", 6.9, 100.0)])
+    for name in ("a", "b"):
+        parse_to_files(str(log), None, str(tmp_path / "parse" / f"{name}.json"))
+    [g] = collect_runs([str(tmp_path / "parse")])
+    assert len(g.runs) == 2 and len(g.counted) == 1 and g.duplicate_of == (None, str(log))
+
+
+def test_warnings_for_repeated_seeds(tmp_path):
+    make_runs(tmp_path / "a", [(0, "complete", "cpu", 6.9, 100.0)])
+    make_runs(tmp_path / "b", [(0, "complete", "cpu", 6.8, 100.0)])
+    shutil.copy(tmp_path / "b" / "seed0.txt", tmp_path / "a" / "seed0-rerun.txt")
+    [g] = collect_runs([str(tmp_path / "a")])
+    assert g.warnings() == ["seed 0 appears in 2 runs"]
+
+
+def test_bad_paths_are_errors(tmp_path):
+    write(tmp_path / "notes.md", "hello\n")
+    with pytest.raises(SpeedrunError, match="not a training log"):
+        collect_runs([str(tmp_path / "notes.md")])
+    with pytest.raises(SpeedrunError, match="holds no training logs"):
+        collect_runs([str(tmp_path)])
+    with pytest.raises(SpeedrunError, match="no such file"):
+        collect_runs([str(tmp_path / "nope")])
+
+
+def test_stats_cli_json_markdown_and_table(tmp_path, capsys):
+    base = tmp_path / "baseline"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.96, 102.0),
+                     (2, "complete", "cpu", 6.87, 98.0), (3, "diverged", "cpu", 6.9, 100.0)])
+    one = tmp_path / "single"
+    make_runs(one, [(0, "complete", "cpu", 6.5, 100.0)])
+    out_json, md = tmp_path / "stats" / "summary.json", tmp_path / "stats"
+    argv = ["stats", str(base), str(one), "--target", "7", "--alpha", "0.05", "--json", "--json-out", str(out_json),
+            "--markdown-dir", str(md)]
+    assert cli.main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out_json.read_text())
+    g = printed[0]
+    for key in ("group", "n", "steps", "val_loss_mean", "val_loss_std", "p_value", "target", "train_time_mean_s",
+                "train_time_std_s", "runs"):
+        assert key in g
+    assert (g["group"], g["n"], g["steps"], g["target"]) == (str(base), 3, 4, 7.0)
+    assert [set(r) >= {"file", "val_loss", "train_time_ms", "steps", "status"} for r in g["runs"]] == [True] * 4
+    assert printed[1]["p_value"] is None and "at least 2" in printed[1]["p_value_reason"]
+    losses, times = np.array([6.90, 6.96, 6.87]), np.array([400.0, 408.0, 392.0]) / 1000
+    ref = sps.ttest_1samp(losses, 7.0, alternative="less")
+    line = (f"n=3 val_loss={losses.mean():.4f}±{losses.std(ddof=1):.4f} t={ref.statistic:.3f} "
+            f"p(mean<7)={ref.pvalue:.4g} time={times.mean():.2f}±{times.std(ddof=1):.2f}s")
+    text = (md / "baseline" / "statistics.md").read_text()
+    assert line in text
+    assert "| seed0 | 6.9000 | 400ms |" in text and "| seed3 | diverged | 4 |" not in text
+    assert re.search(r"^\| seed3 \| diverged \| 2 \| run diverged: non-finite train_loss at step 2 \|$", text, re.M)
+    assert (md / "single" / "statistics.md").is_file()
+    assert cli.main(["stats", str(base), "--target", "7"]) == 0
+    table = capsys.readouterr().out
+    assert re.search(rf"^{re.escape(str(base))}\s+3\s+4\s+6\.9100 ± 0\.0458\s+{ref.pvalue:.4g}\s+0\.40 ± 0\.01\s+1 diverged$",
+                     table, re.M)
+    assert "diverged: " in table
+
+
+def test_stats_cli_error_is_one_line(tmp_path, capsys):
+    assert cli.main(["stats", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith("speedrun stats: error: ")
+
+
+def test_run_label():
+    assert run_label("x/02ed0a75-0663-4f02-b24b-8909571aaf21.txt") == "02ed0a75"
+    assert run_label("x/seed3.txt") == "seed3" and run_label("x/NorMuon") == "NorMuon"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The published figures (PUBLISHED.md and the records' statistics.md), recomputed from the reference logs.
+
+def published_rows():
+    path = REFERENCE / "PUBLISHED.md"
+    if not path.is_file():
+        return []
+    rows = re.findall(r"^\| (\d{4}-\S+?)(?:, runs of (\d+) steps)? \| (.+?) \|$", path.read_text(), re.M)
+    return [(name, [c.strip() for c in rest.split("|")]) for name, _, rest in rows]
+
+
+def close_to_printed(value: float, printed: str) -> bool:
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    return abs(value - float(printed)) <= 0.5 * 10 ** -decimals + 1e-12
+
+
+@needs_reference
+@pytest.mark.parametrize("directory, cells", published_rows(), ids=lambda x: x if isinstance(x, str) else "")
+def test_published_statistics_are_reproduced(directory, cells):
+    n, steps, mean, std, p, time_mean, time_std = cells
+    results = stats_stage.compute_stats([str(REFERENCE / directory)], target=3.28)
+    [s] = [s for s in results if s.group.steps == int(steps)]
+    out = s.to_json()
+    assert out["n"] == int(n)
+    assert close_to_printed(out["val_loss_mean"], mean) and close_to_printed(out["val_loss_std"], std)
+    assert close_to_printed(out["p_value"], p)
+    assert close_to_printed(out["train_time_mean_s"], time_mean) and close_to_printed(out["train_time_std_s"], time_std)
+    if len(results) > 1:
+        assert s.group.name == f"{REFERENCE / directory} [{steps} steps]" and "step counts differ" in s.group.split_reason
+
+
+@needs_reference
+def test_published_rows_were_found():
+    assert len(published_rows()) == 7
+
+
+@needs_reference
+@pytest.mark.parametrize("group", ["baseline", "pr299"])
+def test_statistics_md_tables_match_the_published_ones(group):
+    folder = REFERENCE / "2026-05-20_BigramsSignTrick" / group
+    published = (folder / "statistics.md").read_text()
+    [s] = stats_stage.compute_stats([str(folder)])
+    ours = statistics_markdown(s)
+    table_rows = [line for line in published.splitlines() if re.match(r"^\| (val_loss|train_time \(ms\)|[0-9a-f]{8}) \|", line)]
+    assert len(table_rows) == len(list(folder.glob("*.txt"))) + 2
+    for line in table_rows:
+        assert line in ours.splitlines()
+
+
+@needs_reference
+def test_truncated_run_is_listed_not_counted():
+    [s] = stats_stage.compute_stats([str(REFERENCE / "2026-01-30_MimeticValueOutput" / "runs")])
+    out = s.to_json()
+    assert out["n"] == 7 and out["incomplete"] == {"truncated": 1}
+    assert [r["file"].split("/")[-1][:8] for r in out["runs"] if r["status"] == "truncated"] == ["6037e443"]
