@@ -22,6 +22,7 @@ include: "workflow/rules/parse.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/compare.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/bundle.smk"
 
 
 rule all:

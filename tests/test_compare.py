@@ -16,6 +16,7 @@ from speedrun.analysis.tests import speedup, welch_ci, welch_dof, welch_test
 from speedrun.compare import compare_groups, one_group
 from speedrun.errors import SpeedrunError
 from test_logs import REFERENCE, needs_reference
+from test_logs import our_log, write
 from test_stats import make_runs, record
 
 
@@ -101,7 +102,7 @@ def test_compare_warns_about_shared_runs_and_gpu_counts(tmp_path):
     with pytest.raises(SpeedrunError, match="resolves to 2 groups"):
         one_group(str(tmp_path / "b"), "CANDIDATE")
     c = compare_groups(one_group(str(tmp_path / "a"), "BASELINE"), one_group(str(tmp_path / "a" / "seed1.txt"), "C"))
-    assert any("identical run" in w for w in c.warnings)
+    assert "1 identical run(s) on both sides (same file or loss curve): the samples are not independent" in c.warnings
 
 
 @needs_reference
@@ -123,3 +124,49 @@ def test_compare_refuses_a_split_directory(capsys):
                      str(REFERENCE / "2025-09-10_Yarn")]) == 2
     err = capsys.readouterr().err
     assert "BASELINE" in err and "resolves to 2 groups" in err and "step counts differ" in err
+
+
+def test_z_rule_by_hand():
+    from speedrun.analysis.tests import z_rule
+
+    three = z_rule([3.278, 3.279, 3.277], 3.28)  # (3.28 - 3.278) * sqrt(3) = 0.003464 < 0.004
+    assert three.value == pytest.approx(0.002 * math.sqrt(3)) and three.passes is False
+    six = z_rule([3.278, 3.279, 3.277] * 2, 3.28)  # 0.002 * sqrt(6) = 0.004899 >= 0.004
+    assert six.value == pytest.approx(0.002 * math.sqrt(6)) and six.passes is True
+    assert z_rule([], 3.28).passes is None
+
+
+def test_target_decides_val_tokens_rule_and_z_rule(tmp_path):
+    header = {"val_tokens": 65536}
+    for side, shift in (("b", 0.0), ("c", -0.0005)):
+        for seed in range(3):
+            text, _ = our_log(seed=seed, losses=[10.8, 9.0, 8.0, 7.5, 3.279 + shift + seed / 1000], header=header)
+            write(tmp_path / side / f"seed{seed}.txt", text)
+    base, cand = one_group(str(tmp_path / "b"), "B"), one_group(str(tmp_path / "c"), "C")
+    plain = compare_groups(base, cand).to_json()
+    public = compare_groups(base, cand, target=3.28).to_json()
+    status = lambda c: {r["rule"]: r["status"] for r in c["rules"]}["validation tokens"]  # noqa: E731
+    assert (status(plain), status(public)) == ("note", "violation")
+    assert plain["z_rule"] is None and plain["warnings"] == []
+    assert public["z_rule"]["candidate"]["value"] == pytest.approx((3.28 - 3.2795) * math.sqrt(3))
+    assert public["z_rule"]["baseline"]["value"] == pytest.approx(0.0)
+    [warning] = public["warnings"]
+    assert warning.startswith("rule violated: validation tokens: val_tokens is 65,536 on both sides")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(5e4, 2e5), min_size=2, max_size=15).filter(lambda v: np.ptp(v) > 1.0),
+       st.lists(st.floats(5e4, 2e5), min_size=2, max_size=15).filter(lambda v: np.ptp(v) > 1.0))
+def test_times_in_ms_or_s_give_the_same_test(base_ms, cand_ms):
+    """The unit of train_time changes the difference and CI by the factor 1000, never t, dof or p."""
+    ms = welch_test(cand_ms, base_ms, "less", "h")
+    s = welch_test(np.array(cand_ms) / 1000, np.array(base_ms) / 1000, "less", "h")
+    assert s.p_value == pytest.approx(ms.p_value, rel=1e-9, abs=1e-300)
+    assert (s.t_statistic, s.dof) == pytest.approx((ms.t_statistic, ms.dof), rel=1e-9)
+    assert (s.difference * 1000, s.ci_low * 1000, s.ci_high * 1000) == pytest.approx(
+        (ms.difference, ms.ci_low, ms.ci_high), rel=1e-9, abs=1e-6)
+    b = Group("b", "b", "b", tuple(record(f"b{i}", 3.28, t) for i, t in enumerate(base_ms)))
+    c = Group("c", "c", "c", tuple(record(f"c{i}", 3.27, t) for i, t in enumerate(cand_ms)))
+    out = compare_groups(b, c).to_json()
+    assert out["train_time"]["difference"] == pytest.approx((np.mean(cand_ms) - np.mean(base_ms)) / 1000, abs=1e-9)
+    assert out["train_time"]["p_value"] == pytest.approx(ms.p_value, rel=1e-9, abs=1e-300)

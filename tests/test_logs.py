@@ -21,11 +21,13 @@ needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason="../shared/r
 # Our own format (docs/formats.md "Training log"), written here independently of the parser.
 
 def our_log(*, steps=4, val_every=2, seed=0, variant="baseline", device="cpu", world_size=1, losses=None,
-            end="complete", step_ms=100.0):
-    """Text of one of our training logs. ``end``: complete | diverged | failed | truncated."""
-    config = json.dumps({"steps": steps, "seed": seed, "muon_lr": 0.05})
+            end="complete", step_ms=100.0, header=None, config=None):
+    """Text of one of our training logs. ``end``: complete | diverged | failed | truncated. ``header``: extra
+    ``key: value`` lines (provenance) written before the ``Running ...`` lines; ``config``: the config mapping."""
+    config = json.dumps(config or {"steps": steps, "muon_lr": 0.05, "compile": False})  # no seed in config
     lines = ["speedrun: 0.1.0", f"variant: {variant}", f"seed: {seed}", f"config: {config}",
              f"world_size: {world_size}", "tokens_per_step: 4096", f"device: {device}",
+             *(f"{k}: {v}" for k, v in (header or {}).items()),
              "Running Python 3.11.7 (main, May  9 2026, 07:35:25) [GCC 12.2.0]",
              "Running PyTorch 2.13.0+cpu compiled for CUDA None", SEP]
     losses = losses or [10.8 - 0.5 * s for s in range(steps + 1)]

@@ -236,8 +236,8 @@ def test_stats_cli_json_markdown_and_table(tmp_path, capsys):
     assert (md / "single" / "statistics.md").is_file()
     assert cli.main(["stats", str(base), "--target", "7"]) == 0
     table = capsys.readouterr().out
-    assert re.search(rf"^{re.escape(str(base))}\s+3\s+4\s+6\.9100 ± 0\.0458\s+{ref.pvalue:.4g}\s+0\.40 ± 0\.01\s+1 diverged$",
-                     table, re.M)
+    assert re.search(rf"^{re.escape(str(base))}\s+3\s+4\s+6\.9100 ± 0\.0458\s+{ref.pvalue:.4g}\s+\d+ / \d+\s+"
+                     r"0\.40 ± 0\.01\s+1 diverged$", table, re.M)
     assert "diverged: " in table
 
 
@@ -306,3 +306,114 @@ def test_truncated_run_is_listed_not_counted():
     out = s.to_json()
     assert out["n"] == 7 and out["incomplete"] == {"truncated": 1}
     assert [r["file"].split("/")[-1][:8] for r in out["runs"] if r["status"] == "truncated"] == ["6037e443"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Code versions, loss-curve duplicates, too few runs, runs needed.
+
+def test_code_versions_are_pooled_and_shown_or_split_on_request(tmp_path, capsys):
+    d = tmp_path / "mixed"
+    for seed, commit in ((0, "a" * 40), (1, "a" * 40), (2, "b" * 40)):
+        text, _ = our_log(seed=seed, losses=[10.8, 9.0, 8.0, 7.5, 6.9 + seed / 100],
+                          header={"git_commit": commit, "git_dirty": "false"})
+        write(d / f"seed{seed}.txt", text)
+    [pooled] = collect_runs([str(d)])
+    assert pooled.split_reason is None and len(pooled.counted) == 3 and len(pooled.code_versions) == 2
+    assert any(w.startswith("2 code versions pooled") and "x2" in w and "x1" in w for w in pooled.warnings())
+    split = collect_runs([str(d)], code_split="split")
+    assert [len(g.runs) for g in split] == [2, 1]
+    reason = split[0].split_reason
+    assert "code versions differ (" in reason and "2 runs of code" in reason and "1 runs of code" in reason
+    hashes = [g.runs[0].code_hash[:8] for g in split]
+    assert [g.name for g in split] == [f"{d} [code {h}]" for h in hashes]
+    assert cli.main(["stats", str(d), "--target", "7", "--split-code"]) == 0
+    out = capsys.readouterr().out
+    assert "split: " in out and "code versions differ" in out
+
+
+def test_identical_loss_curves_count_once(tmp_path):
+    d = tmp_path / "d"
+    make_runs(d, [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0)])
+    text, _ = our_log(seed=2, losses=[10.8, 9.0, 8.0, 7.5, 6.9], step_ms=120.0)  # seed0's curve, other timings
+    write(d / "seed2.txt", text)
+    [g] = collect_runs([str(d)])
+    assert len(g.counted) == 2
+    assert g.duplicates == {str(d / "seed2.txt"): str(d / "seed0.txt")}
+    assert g.duplicate_kinds == {str(d / "seed2.txt"): "identical loss curve"}
+    s = stats_stage.group_stats(g, 7.0).to_json()
+    assert s["duplicate_kinds"] == {str(d / "seed2.txt"): "identical loss curve"}
+    assert [r["duplicate_kind"] for r in s["runs"]] == [None, None, "identical loss curve"]
+    assert "duplicate (identical loss curve), counted once" in console_table(g)
+
+
+def console_table(g):
+    from speedrun.analysis.tables import stats_table
+
+    return stats_table([stats_stage.group_stats(g, 7.0)])
+
+
+def test_too_few_runs_are_said_not_bare(tmp_path, capsys):
+    make_runs(tmp_path / "two", [(0, "complete", "cpu", 6.5, 100.0), (1, "complete", "cpu", 6.6, 100.0)])
+    [s] = stats_stage.compute_stats([str(tmp_path / "two")], target=7.0)
+    out = s.to_json()
+    ref = sps.ttest_1samp([6.5, 6.6], 7.0, alternative="less").pvalue
+    assert out["p_value"] == pytest.approx(ref) and ref < 0.05
+    assert out["too_few_runs"] is True and out["p_value_note"] == "too few runs: n=2 < 3"
+    assert out["reaches_target"] is None
+    md = statistics_markdown(s)
+    assert "No verdict: too few runs: n=2 < 3." in md and f"**{ref:.4g}**" not in md
+    assert cli.main(["stats", str(tmp_path / "two"), "--target", "7", "--alpha", "0.05"]) == 0
+    assert f"{ref:.4g} (too few runs: n=2 < 3)" in capsys.readouterr().out
+
+
+def exact_sample_p(n, mean, std, target):
+    z = np.arange(n) - (n - 1) / 2
+    return sps.ttest_1samp(mean + std * z / np.std(z, ddof=1), target, alternative="less").pvalue
+
+
+def test_runs_needed_in_summary(tmp_path):
+    make_runs(tmp_path / "g", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.90, 6.95, 6.85, 6.97])])
+    [s] = stats_stage.compute_stats([str(tmp_path / "g")], target=7.0, alpha=0.01)
+    out = s.to_json()
+    mean, std = out["val_loss_mean"], out["val_loss_std"]
+    expected = next(k for k in range(2, 1000) if exact_sample_p(k, mean, std, 7.0) < 0.01)
+    assert out["runs_needed"] == expected
+    curve = dict(zip(out["p_value_by_n"]["n"], out["p_value_by_n"]["p"]))
+    assert curve[4] == pytest.approx(out["p_value"], rel=1e-9)  # at the observed n, the observed p
+    assert curve[expected] < 0.01 <= curve[expected - 1]
+    assert out["runs_for_power"] >= expected and out["power"] == 0.8
+    line = f"Runs needed for p < 0.01: **{expected}**"
+    assert line in statistics_markdown(s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(runs_strategy, st.randoms())
+def test_runs_needed_ignores_run_order(runs, rnd):
+    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
+    shuffled = records[:]
+    rnd.shuffle(shuffled)
+    a = stats_stage.group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
+    b = stats_stage.group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    assert (a["runs_needed"], a["runs_for_power"]) == (b["runs_needed"], b["runs_for_power"])
+
+
+@needs_reference
+def test_yarn_code_versions_split_on_request():
+    """PUBLISHED.md pools 2025-09-10_Yarn's two code versions (7 runs); --split-code separates 5 and 2."""
+    [pooled] = collect_runs([str(REFERENCE / "2025-09-10_Yarn")])
+    assert len(pooled.counted) == 7 and any("2 code versions pooled" in w for w in pooled.warnings())
+    split = collect_runs([str(REFERENCE / "2025-09-10_Yarn")], code_split="split")
+    assert sorted(len(g.counted) for g in split) == [2, 5]
+    assert all(g.split_reason and "code versions differ" in g.split_reason for g in split)
+
+
+@needs_reference
+@pytest.mark.parametrize("directory, cells", published_rows(), ids=lambda x: x if isinstance(x, str) else "")
+def test_statistics_md_snippet_prints_the_test_line(directory, cells, capsys):
+    [s] = [s for s in stats_stage.compute_stats([str(REFERENCE / directory)]) if s.group.steps == int(cells[1])]
+    md = statistics_markdown(s)
+    code = md.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "statistics.md", "exec"), {})
+    printed = capsys.readouterr().out.strip()
+    assert printed == re.search(r"^    (n=\d+ val_loss=.*)$", md, re.M)[1]
+    assert close_to_printed(float(re.search(r"p\(mean<3\.28\)=(\S+)", printed)[1]), cells[4])

@@ -25,6 +25,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "parse": ("speedrun.parse", "parse a training log (ours or a public record's) into metrics and a result"),
     "stats": ("speedrun.stats", "statistics of groups of runs: t-test against the target, times"),
     "compare": ("speedrun.compare", "baseline against candidate: Welch t-tests, differences with CIs"),
+    "bundle": ("speedrun.bundle", "a ready-to-submit record folder: logs, statistics.md per side, README table"),
     "report": ("speedrun.report", "plots and tables of an experiment for results/report/"),
 }
 ALIASES = {"bos_index": "bos-index"}

@@ -1,6 +1,7 @@
 """Stage ``compare``: a candidate group of runs against a baseline group (Welch t-tests, CIs, speedup).
 
-``speedrun compare BASELINE CANDIDATE [--alpha 0.01] [--json-out FILE] [--markdown-out FILE]``
+``speedrun compare BASELINE CANDIDATE [--target T] [--alpha 0.01] [--split-code] [--json-out FILE]
+[--markdown-out FILE] [--json]``
 
 Each side is a path as in ``speedrun stats`` that must resolve to exactly one group. Tests (Welch 1947; the
 record rules ask a candidate to be faster than the prior record, README L207-226, and the 2026-05-07 verifier
@@ -10,7 +11,12 @@ uses a one-sided Welch test on times):
   alternative="less")``;
 * train_time (s), H1: the candidate is faster, same call on the times;
 * the differences candidate - baseline with two-sided 95% Welch confidence intervals, and the speedup
-  (baseline mean - candidate mean, s and % of the baseline).
+  (baseline mean - candidate mean, s and % of the baseline);
+* with ``--target``, the fixed-sigma z-rule ``(target - mean) * sqrt(n) >= 0.004`` of each side
+  (:func:`speedrun.analysis.tests.z_rule`);
+* the rules check (:mod:`speedrun.analysis.rules`): same train and validation data, validation tokens, world
+  size, GPUs and compile flags; every violation is also a warning. ``val_tokens`` other than 10,485,760 is a
+  violation only with ``--target 3.28`` (the public metric), a note otherwise (also without ``--target``).
 """
 
 from __future__ import annotations
@@ -20,42 +26,52 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from speedrun.analysis.groups import Group, collect_runs
-from speedrun.analysis.tests import Speedup, WelchTest, speedup, welch_test
+from speedrun.analysis.groups import CodeSplit, Group, collect_runs
+from speedrun.analysis.rules import RuleCheck, check_rules, violations
+from speedrun.analysis.tests import Speedup, WelchTest, ZRule, speedup, welch_test, z_rule
 from speedrun.atomic import write_json, write_text
 from speedrun.errors import SpeedrunError
-from speedrun.stats import DEFAULT_ALPHA, strict_json
+from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, strict_json
 
 CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Candidate against baseline: Welch tests on val_loss (nats/token) and train_time (s), and the speedup (s).
+    """Candidate against baseline: Welch tests on val_loss (nats/token) and train_time (s), the speedup (s),
+    each side's z-rule at ``target`` (``None`` without a target), and the rules check.
 
-    ``warnings`` flags what makes the comparison doubtful (different GPU counts, runs without timing).
+    ``warnings`` flags what makes the comparison doubtful: violated rules, runs shared by both sides, runs
+    without timing.
     """
 
     baseline: Group
     candidate: Group
     alpha: float
+    target: float | None
     val_loss: WelchTest
     train_time: WelchTest
     speedup: Speedup | None
+    z_rules: tuple[ZRule, ZRule] | None
+    rules: tuple[RuleCheck, ...]
     warnings: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The comparison as JSON (``comparison.json``); times in seconds."""
+        """The comparison as JSON (``results/stats/compare/<candidate>.json``); times in seconds."""
         sp = self.speedup
         return strict_json({
             "baseline": self.baseline.name, "candidate": self.candidate.name, "alpha": self.alpha,
-            "n_baseline": self.val_loss.n_baseline, "n_candidate": self.val_loss.n_candidate,
+            "target": self.target, "n_baseline": self.val_loss.n_baseline, "n_candidate": self.val_loss.n_candidate,
             "steps_baseline": self.baseline.steps, "steps_candidate": self.candidate.steps,
             "val_loss": _test_json(self.val_loss, self.alpha),
             "train_time": {**_test_json(self.train_time, self.alpha), "unit": "s"},
             "speedup": None if sp is None else {"seconds": sp.difference, "percent": sp.percent,
                                                 "baseline_mean_s": sp.baseline_mean,
                                                 "candidate_mean_s": sp.candidate_mean},
+            "z_rule": None if self.z_rules is None else {
+                side: asdict(z) for side, z in zip(("baseline", "candidate"), self.z_rules)},
+            "rules": [r.to_json() for r in self.rules],
+            "rules_ok": all(r.status != "violation" for r in self.rules),
             "warnings": list(self.warnings),
         })
 
@@ -66,46 +82,56 @@ def _test_json(test: WelchTest, alpha: float) -> dict[str, Any]:
     return out
 
 
-def compare_groups(baseline: Group, candidate: Group, alpha: float = DEFAULT_ALPHA) -> Comparison:
-    """Welch tests of ``candidate`` against ``baseline`` over their counted (complete, non-duplicate) runs."""
+def compare_groups(baseline: Group, candidate: Group, alpha: float = DEFAULT_ALPHA,
+                   target: float | None = None) -> Comparison:
+    """Welch tests of ``candidate`` against ``baseline`` over their counted (complete, non-duplicate) runs, the
+    z-rule of each side at ``target`` (when given) and the rules check."""
     base, cand = baseline.counted, candidate.counted
     loss_b, loss_c = [r.val_loss for r in base], [r.val_loss for r in cand]
     time_b = [r.train_time_ms / 1000.0 for r in base if r.train_time_ms is not None]
     time_c = [r.train_time_ms / 1000.0 for r in cand if r.train_time_ms is not None]
-    warnings = []
-    if baseline.gpu_count != candidate.gpu_count:
-        warnings.append(f"GPU counts differ (baseline {baseline.gpu_count}, candidate {candidate.gpu_count}): "
-                        "train_time is not comparable")
-    shared = {r.content_hash for r in base} & {r.content_hash for r in cand}
+    rules = check_rules(baseline, candidate, target)
+    warnings = violations(rules)
+    seen = {r.content_hash for r in base} | {r.curve_hash for r in base if r.curve_hash}
+    shared = sum(1 for r in cand if r.content_hash in seen or r.curve_hash in seen)
     if shared:
-        warnings.append(f"{len(shared)} identical run(s) on both sides: the samples are not independent")
+        warnings.append(f"{shared} identical run(s) on both sides (same file or loss curve): the samples are not "
+                        "independent")
     if len(time_b) < len(base) or len(time_c) < len(cand):
         warnings.append("some counted runs have no train_time (llm.c logs); train_time uses the others")
     return Comparison(
-        baseline=baseline, candidate=candidate, alpha=alpha,
+        baseline=baseline, candidate=candidate, alpha=alpha, target=target,
         val_loss=welch_test(loss_c, loss_b, "less", "candidate mean val_loss < baseline", CONFIDENCE),
         train_time=welch_test(time_c, time_b, "less", "candidate mean train_time < baseline (faster)", CONFIDENCE),
-        speedup=speedup(time_b, time_c), warnings=tuple(warnings))
+        speedup=speedup(time_b, time_c), rules=rules,
+        z_rules=None if target is None else (z_rule(loss_b, target), z_rule(loss_c, target)),
+        warnings=tuple(warnings))
 
 
-def one_group(path: str, side: str) -> Group:
-    """The single group at ``path`` (``side`` names it in errors).
+def one_group(path: str, side: str, code_split: CodeSplit = "pool") -> Group:
+    """The single group at ``path`` (``side`` names it in errors; ``code_split`` as in ``collect_runs``).
 
     Raises:
         SpeedrunError: the path resolves to several groups (e.g. a directory split by step count) or none.
     """
-    groups = collect_runs([path])
+    groups = collect_runs([path], code_split)
     if len(groups) != 1:
         names = ", ".join(g.name for g in groups)
         reason = groups[0].split_reason if groups else "no runs"
         raise SpeedrunError(f"{side} {path}: resolves to {len(groups)} groups ({names}; {reason}); "
-                            "expected one: pass a directory whose runs share one step count and GPU count")
+                            "expected one: pass a directory whose runs share one step count and GPU count"
+                            + (" and code version" if code_split == "split" else ""))
     return groups[0]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", metavar="BASELINE", help="baseline runs: a directory, a log or a parsed-run .json")
     parser.add_argument("candidate", metavar="CANDIDATE", help="candidate runs, as BASELINE")
+    parser.add_argument("--target", type=float, default=None,
+                        help=f"the experiment's val_loss target: adds each side's z-rule, and with {DEFAULT_TARGET} "
+                             "(the public metric) val_tokens other than 10,485,760 is a rule violation")
+    parser.add_argument("--split-code", action="store_true",
+                        help="split a side by code version too (it must then hold one version)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
     parser.add_argument("--json-out", metavar="FILE", help="also write the comparison as JSON to FILE")
@@ -114,12 +140,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from speedrun.analysis.tables import comparison_markdown, comparison_text
+    from speedrun.analysis.comparison_tables import comparison_markdown, comparison_text
 
     if not 0 < args.alpha < 1:
         raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
-    result = compare_groups(one_group(args.baseline, "BASELINE"), one_group(args.candidate, "CANDIDATE"),
-                            args.alpha)
+    split: CodeSplit = "split" if args.split_code else "pool"
+    result = compare_groups(one_group(args.baseline, "BASELINE", split), one_group(args.candidate, "CANDIDATE", split),
+                            args.alpha, args.target)
     if args.json_out:
         write_json(args.json_out, result.to_json())
     if args.markdown_out:

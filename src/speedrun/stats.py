@@ -1,12 +1,15 @@
 """Stage ``stats``: per group of runs, val_loss and train_time statistics and the record-rule t-test.
 
-``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--json] [--json-out FILE] [--markdown-dir DIR]``
+``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--split-code] [--json] [--json-out FILE]
+[--markdown-dir DIR]``
 
 Each PATH is a training log, a parsed-run ``.json`` or a directory of them (grouping:
-:mod:`speedrun.analysis.groups`). Only complete, non-duplicate runs are counted in ``n``; incomplete runs
-(diverged, failed, truncated) are listed with their status. The test is the record rule (modded-nanogpt README
-L207-220): one-sided ``scipy.stats.ttest_1samp(val_loss, target, alternative="less")``, significant when
-``p < alpha``. Output layout: docs/formats.md "Statistics".
+:mod:`speedrun.analysis.groups`; ``--split-code`` also splits by code version). Only complete, non-duplicate
+runs are counted in ``n``; incomplete runs (diverged, failed, truncated) and duplicates are listed. The test is
+the record rule (modded-nanogpt README L207-220): one-sided ``scipy.stats.ttest_1samp(val_loss, target,
+alternative="less")``, met when ``p < alpha`` with at least 3 counted runs; next to p, the runs needed for
+``p < alpha`` at the observed mean and std (:mod:`speedrun.analysis.power`). Output layout: docs/formats.md
+"Statistics".
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedrun.analysis.groups import Group, collect_runs
+from speedrun.analysis.groups import CodeSplit, Group, collect_runs
 from speedrun.analysis.logs import RunRecord
-from speedrun.analysis.tests import OneSampleTest, Summary, one_sample_less, summarize
+from speedrun.analysis.power import MIN_RUNS, PowerEstimate, p_value_curve, power_estimate
+from speedrun.analysis.tests import OneSampleTest, Summary, ZRule, one_sample_less, summarize, z_rule
 from speedrun.atomic import write_json, write_text
 from speedrun.errors import SpeedrunError
 
@@ -31,11 +35,11 @@ DEFAULT_ALPHA = 0.01
 
 @dataclass(frozen=True)
 class GroupStats:
-    """The statistics of one group: its val_loss summary and t-test, and train_time in seconds.
+    """The statistics of one group: its val_loss summary, t-test and power, and train_time in seconds.
 
-    ``val_loss`` and ``test`` are over the counted runs (complete, not duplicates); ``train_time_s`` over
-    those of them that have a train_time (llm.c logs have none). ``incomplete`` counts the other runs by
-    status.
+    ``val_loss``, ``test``, ``power`` and ``z_rule`` are over the counted runs (complete, not duplicates);
+    ``train_time_s`` over those of them that have a train_time (llm.c logs have none). ``incomplete`` counts
+    the other runs by status.
     """
 
     group: Group
@@ -45,29 +49,54 @@ class GroupStats:
     test: OneSampleTest
     train_time_s: Summary
     incomplete: dict[str, int]
+    power: PowerEstimate
+    z_rule: ZRule
+
+    @property
+    def too_few_runs(self) -> bool:
+        """Fewer than :data:`~speedrun.analysis.power.MIN_RUNS` counted runs: no verdict, whatever p is."""
+        return self.val_loss.n < MIN_RUNS
+
+    @property
+    def p_value_note(self) -> str | None:
+        """Why the p-value must not be read alone (too few runs, or undefined), else ``None``."""
+        if self.too_few_runs:
+            return f"too few runs: n={self.val_loss.n} < {MIN_RUNS}"
+        return self.test.reason
 
     @property
     def reaches_target(self) -> bool | None:
-        """``p < alpha`` (the record rule); ``None`` when no p-value could be computed."""
-        return None if self.test.p_value is None else self.test.p_value < self.alpha
+        """``p < alpha`` (the record rule); ``None`` without a p-value or with too few runs."""
+        if self.test.p_value is None or self.too_few_runs:
+            return None
+        return self.test.p_value < self.alpha
 
     def to_json(self) -> dict[str, Any]:
         """The docs/formats.md "Statistics" object (``summary.json`` holds a list of these)."""
-        g = self.group
+        g, pw = self.group, self.power
+        curve = None
+        if pw.mean is not None and pw.std:
+            ks, ps = p_value_curve(pw.n, pw.mean, pw.std, self.target, pw.runs_needed)
+            curve = {"n": ks, "p": ps}
         return strict_json({
             "group": g.name, "path": g.path, "slug": g.slug, "n": self.val_loss.n, "steps": g.steps,
-            "gpu_count": g.gpu_count, "split_reason": g.split_reason,
+            "gpu_count": g.gpu_count, "split_reason": g.split_reason, "code_split": g.code_split,
+            "code_versions": g.code_versions,
             "val_loss_mean": self.val_loss.mean, "val_loss_std": self.val_loss.std,
             "val_loss_min": self.val_loss.min, "val_loss_max": self.val_loss.max,
             "t_statistic": self.test.t_statistic, "p_value": self.test.p_value,
-            "p_value_reason": self.test.reason, "hypothesis": self.test.hypothesis,
+            "p_value_reason": self.test.reason, "p_value_note": self.p_value_note, "min_runs": MIN_RUNS,
+            "too_few_runs": self.too_few_runs, "hypothesis": self.test.hypothesis,
             "target": self.target, "alpha": self.alpha, "reaches_target": self.reaches_target,
+            "runs_needed": pw.runs_needed, "runs_for_power": pw.runs_for_power, "power": pw.power,
+            "power_now": pw.power_now, "power_reason": pw.reason, "p_value_by_n": curve,
+            "z_rule": {"value": self.z_rule.value, "margin": self.z_rule.margin, "passes": self.z_rule.passes},
             "train_time_n": self.train_time_s.n,
             "train_time_mean_s": self.train_time_s.mean, "train_time_std_s": self.train_time_s.std,
             "train_time_min_s": self.train_time_s.min, "train_time_max_s": self.train_time_s.max,
             "incomplete": dict(self.incomplete), "duplicates": dict(g.duplicates),
-            "warnings": g.warnings(), "skipped_files": list(g.skipped),
-            "runs": [_run_json(r, orig) for r, orig in zip(g.runs, g.duplicate_of)],
+            "duplicate_kinds": dict(g.duplicate_kinds), "warnings": g.warnings(), "skipped_files": list(g.skipped),
+            "runs": [_run_json(r, orig, kind) for r, orig, kind in zip(g.runs, g.duplicate_of, g.duplicate_kind)],
         })
 
 
@@ -82,10 +111,16 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
-def _run_json(run: RunRecord, duplicate_of: str | None) -> dict[str, Any]:
+PROVENANCE_KEYS = ("git_commit", "git_dirty", "config_sha256", "train_data_sha256", "val_data_sha256",
+                   "val_tokens", "world_size", "tokens_per_step", "device", "gpu", "gpu_count", "compile_s",
+                   "code_hash")
+
+
+def _run_json(run: RunRecord, duplicate_of: str | None, duplicate_kind: str | None) -> dict[str, Any]:
     return {"file": run.file, "val_loss": run.val_loss, "train_time_ms": run.train_time_ms, "steps": run.steps,
             "status": run.status, "seed": run.seed, "reason": run.reason,
-            "duplicate_of": duplicate_of}
+            "duplicate_of": duplicate_of, "duplicate_kind": duplicate_kind,
+            **{k: getattr(run, k) for k in PROVENANCE_KEYS}, "versions": dict(run.versions)}
 
 
 def group_stats(group: Group, target: float = DEFAULT_TARGET, alpha: float = DEFAULT_ALPHA) -> GroupStats:
@@ -94,19 +129,22 @@ def group_stats(group: Group, target: float = DEFAULT_TARGET, alpha: float = DEF
     losses = [r.val_loss for r in counted]
     times = [r.train_time_ms / 1000.0 for r in counted if r.train_time_ms is not None]
     incomplete = Counter(r.status for r in group.runs if r.status != "complete")
-    return GroupStats(group=group, target=target, alpha=alpha, val_loss=summarize(losses),
+    loss = summarize(losses)
+    return GroupStats(group=group, target=target, alpha=alpha, val_loss=loss,
                       test=one_sample_less(losses, target), train_time_s=summarize(times),
-                      incomplete=dict(sorted(incomplete.items())))
+                      incomplete=dict(sorted(incomplete.items())),
+                      power=power_estimate(loss.n, loss.mean, loss.std, target, alpha), z_rule=z_rule(losses, target))
 
 
-def compute_stats(paths: Sequence[str], target: float = DEFAULT_TARGET,
-                  alpha: float = DEFAULT_ALPHA) -> list[GroupStats]:
-    """Group the runs at ``paths`` and compute each group's statistics.
+def compute_stats(paths: Sequence[str], target: float = DEFAULT_TARGET, alpha: float = DEFAULT_ALPHA,
+                  code_split: CodeSplit = "pool") -> list[GroupStats]:
+    """Group the runs at ``paths`` (``code_split``: see :mod:`speedrun.analysis.groups`) and compute each
+    group's statistics.
 
     Raises:
         SpeedrunError: as :func:`speedrun.analysis.groups.collect_runs`.
     """
-    return [group_stats(g, target, alpha) for g in collect_runs(paths)]
+    return [group_stats(g, target, alpha) for g in collect_runs(paths, code_split)]
 
 
 def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
@@ -128,6 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"significance level of the one-sided t-test (default {DEFAULT_ALPHA})")
+    parser.add_argument("--split-code", action="store_true",
+                        help="also split a directory by code version (hash of the code dump; default: pool them "
+                             "and list the versions, as the published figures do)")
     parser.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     parser.add_argument("--json-out", metavar="FILE", help="also write the JSON list to FILE (summary.json)")
     parser.add_argument("--markdown-dir", metavar="DIR", help="also write DIR/<group>/statistics.md per group")
@@ -136,7 +177,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
-    results = compute_stats(args.paths, args.target, args.alpha)
+    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool")
     objects = [s.to_json() for s in results]
     if args.json_out:
         write_json(args.json_out, objects)

@@ -1,5 +1,5 @@
 # Stage 6b: each candidate against the baseline: Welch t-tests on val_loss and train_time, differences of
-# the means with 95% confidence intervals.
+# the means with 95% confidence intervals, and the record rules check (same data, world size, GPUs, flags).
 
 
 rule compare:
@@ -12,9 +12,11 @@ rule compare:
         code=code("speedrun.compare"),
     params:
         alpha=config["stats"]["alpha"],
+        target=config["stats"]["target"],
         baseline=BASELINE,
     log:
         "logs/compare/{variant}.log",
     shell:
         "cd results/parse && speedrun compare {params.baseline} {wildcards.variant} --alpha {params.alpha} "
+        "--target {params.target} "
         "--json-out ../../{output.json} --markdown-out ../../{output.markdown} > ../../{log} 2>&1"

@@ -24,6 +24,21 @@ rule report:
             caption="../report/final_val_loss.rst",
             category="Plots",
         ),
+        band=report(
+            "results/report/val_loss_band.png",
+            caption="../report/val_loss_band.rst",
+            category="Plots",
+        ),
+        distributions=report(
+            "results/report/distributions.png",
+            caption="../report/distributions.rst",
+            category="Plots",
+        ),
+        p_by_n=report(
+            "results/report/p_value_by_n.png",
+            caption="../report/p_value_by_n.rst",
+            category="Plots",
+        ),
     input:
         summary=rules.stats.output.summary,
         comparisons=get_comparisons(),

@@ -8,10 +8,20 @@ by their parent directory.
 
 A public record directory can mix runs that must not be pooled (speedrun-spec.md 4.3): different total step
 counts (2026-01-26-UntieValueEmbeddings: 1600 and 1575 steps) or GPU counts (single-GPU logs next to 8-GPU ones).
-Such a directory is split, the group names get a suffix (``dir [1600 steps]``) and ``split_reason`` says why.
-A run whose step or GPU count is unknown (an unfinished llm.c log) joins the only known value, or a group of its
-own when there are several. Identical files (same sha256; e.g. 2025-05-09_SkipMLPBlocks is a byte copy of
-2025-09-05_SkipMLPBlocks) are counted once, at their first appearance, and flagged.
+Such a directory is always split; the group names get a suffix (``dir [1600 steps]``) and ``split_reason`` says
+why. A run whose step or GPU count is unknown (an unfinished llm.c log) joins the only known value, or a group of
+its own when there are several.
+
+Code versions (``RunRecord.code_hash``) are split only on request (``code_split="split"``, ``speedrun stats
+--split-code``): the published figures pool them. 2025-09-10_Yarn (5 + 2 runs) and 2025-12-14_PartialKeyOffset
+(10 + 1) are each published as one group although their code dumps differ (a type annotation; a comment), and
+PUBLISHED.md reproduces only when they are pooled. When pooled, the mix is never silent: the group's warnings
+name every code version and its run count.
+
+Duplicates are counted once, at their first appearance (over all paths given), and flagged with what made them
+duplicates: an identical file (sha256; e.g. 2025-05-09_SkipMLPBlocks is a byte copy of
+2025-09-05_SkipMLPBlocks) or, among complete runs, an identical loss curve (the same (step, loss) pairs: a
+copy with other timings, or a rerun that was not independent).
 """
 
 from __future__ import annotations
@@ -20,25 +30,29 @@ import json
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 from speedrun.analysis.logs import RunRecord, record_from_bytes, sniff_format
 from speedrun.errors import SpeedrunError
 
+CodeSplit = Literal["pool", "split"]
+DuplicateKind = Literal["identical file", "identical loss curve"]
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
 class Group:
-    """Runs that are compared with each other: same directory, same step count, same GPU count.
+    """Runs that are compared with each other: same directory, same step count, same GPU count (and the same
+    code version when split by code).
 
     ``name`` is the path as given (plus a suffix such as `` [1575 steps]`` when split); ``slug`` a file-name-safe
     unique name (the directory's name, plus the suffix); ``runs`` every run found, complete or not, in file
-    order; ``duplicate_of`` (parallel to ``runs``; all ``None`` when not given) names, for a run whose content is identical to an
-    earlier run's, that run's file (it is not counted); ``skipped`` lists the directory's files that are not
-    runs (README.md...).
+    order; ``duplicate_of`` (parallel to ``runs``; all ``None`` when not given) names, for a run that repeats
+    an earlier one, that run's file, and ``duplicate_kind`` why (:data:`DuplicateKind`); duplicates are not
+    counted. ``skipped`` lists the directory's files that are not runs (README.md...). ``code_split`` is the
+    policy the group was made with.
     """
 
     name: str
@@ -48,18 +62,28 @@ class Group:
     split_reason: str | None = None
     duplicate_of: tuple[str | None, ...] = ()
     skipped: tuple[str, ...] = ()
+    duplicate_kind: tuple[DuplicateKind | None, ...] = ()
+    code_split: CodeSplit = "pool"
 
     def __post_init__(self) -> None:
         if not self.duplicate_of:
             object.__setattr__(self, "duplicate_of", (None,) * len(self.runs))
-        if len(self.duplicate_of) != len(self.runs):
-            raise ValueError(f"group {self.name}: {len(self.duplicate_of)} duplicate_of entries for "
-                             f"{len(self.runs)} runs")
+        if not self.duplicate_kind:
+            kinds = tuple(None if d is None else "identical file" for d in self.duplicate_of)
+            object.__setattr__(self, "duplicate_kind", kinds)
+        if not len(self.duplicate_of) == len(self.duplicate_kind) == len(self.runs):
+            raise ValueError(f"group {self.name}: {len(self.duplicate_of)} duplicate_of and "
+                             f"{len(self.duplicate_kind)} duplicate_kind entries for {len(self.runs)} runs")
 
     @property
     def duplicates(self) -> dict[str, str]:
-        """file of each duplicate run -> file of the earlier identical run."""
+        """file of each duplicate run -> file of the earlier run it repeats."""
         return {r.file: orig for r, orig in zip(self.runs, self.duplicate_of) if orig is not None}
+
+    @property
+    def duplicate_kinds(self) -> dict[str, DuplicateKind]:
+        """file of each duplicate run -> why it is one (identical file or identical loss curve)."""
+        return {r.file: kind for r, kind in zip(self.runs, self.duplicate_kind) if kind is not None}
 
     @property
     def counted(self) -> tuple[RunRecord, ...]:
@@ -76,19 +100,37 @@ class Group:
         """The group's GPU count (``None`` when unknown; 0 for CPU runs)."""
         return _only_value(r.gpu_count for r in self.runs)
 
+    @property
+    def code_versions(self) -> dict[str, int]:
+        """code_hash -> number of counted runs, most frequent first (runs without a code hash are left out)."""
+        return dict(Counter(r.code_hash for r in self.counted if r.code_hash).most_common())
+
     def warnings(self) -> list[str]:
-        """Signs of non-independent runs among the counted ones: repeated seeds, identical loss curves."""
-        out = []
+        """What makes the counted runs doubtful as one sample: repeated seeds, pooled code versions, mixed
+        data, validation tokens, world sizes or GPU models, code from a dirty git tree."""
         counted = self.counted
         seeds = Counter(r.seed for r in counted if r.seed is not None)
-        out += [f"seed {s} appears in {k} runs" for s, k in seeds.items() if k > 1]
-        curves = Counter(r.curve_hash for r in counted if r.curve_hash)
-        out += [f"{k} runs have identical loss curves" for c, k in curves.items() if k > 1]
-        codes = Counter(r.code_hash for r in counted if r.code_hash and r.format == "modded")
+        out = [f"seed {s} appears in {k} runs" for s, k in seeds.items() if k > 1]
+        codes = self.code_versions
         if len(codes) > 1:
-            out.append("runs come from " + str(len(codes)) + " code versions (code_hash " +
-                       ", ".join(f"{h[:8]} x{k}" for h, k in codes.most_common()) + ")")
+            out.append(f"{len(codes)} code versions pooled (code_hash " +
+                       ", ".join(f"{h[:8]} x{k}" for h, k in codes.items()) + "); --split-code separates them")
+        for key, what in (("train_data_sha256", "training data"), ("val_data_sha256", "validation data"),
+                          ("val_tokens", "validation token counts"), ("world_size", "world sizes"),
+                          ("gpu", "GPU models")):
+            values = Counter(str(getattr(r, key)) for r in counted if getattr(r, key) is not None)
+            if len(values) > 1:
+                out.append(f"runs differ in {what} ({key} " +
+                           ", ".join(f"{_short(v)} x{k}" for v, k in values.most_common()) + ")")
+        dirty = sum(1 for r in counted if r.git_dirty)
+        if dirty:
+            out.append(f"{dirty} run(s) from a dirty git tree (git_dirty: true): git_commit does not identify "
+                       "their code")
         return out
+
+
+def _short(value: str) -> str:
+    return value[:8] if re.fullmatch(r"[0-9a-f]{16,}", value) else value
 
 
 def _only_value(values: Iterable[int | None]) -> int | None:
@@ -135,10 +177,11 @@ def _expand(arg: str) -> tuple[str, list[str], bool]:
                         "directory of them)")
 
 
-def collect_runs(paths: Sequence[str | os.PathLike[str]]) -> list["Group"]:
+def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit = "pool") -> list["Group"]:
     """Group the runs found at ``paths`` (module docstring): one group per directory, split when needed.
 
-    Groups come in the order their directories first appear; split parts by ascending step count.
+    ``code_split="split"`` also splits a directory by code version. Groups come in the order their
+    directories first appear; split parts by ascending step and GPU count, code versions by first appearance.
 
     Raises:
         SpeedrunError: a path does not exist, a file named explicitly is not a run, or a directory holds none.
@@ -168,70 +211,90 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]]) -> list["Group"]:
                 runs.append(run)
         if not runs and not known:
             raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files")
-    originals = iter(_originals([r for runs in found.values() for r in runs]))
+    originals = iter(find_duplicates([r for runs in found.values() for r in runs]))
     groups = []
     for path, runs in found.items():
-        groups += _split(path, runs, [next(originals) for _ in runs], tuple(skipped.get(path, ())))
+        dups = [next(originals) for _ in runs]
+        groups += _split(path, runs, dups, tuple(skipped.get(path, ())), code_split)
     return _with_unique_slugs(groups)
 
 
-def _originals(runs: list[RunRecord]) -> list[str | None]:
-    """For each run, the file of the first earlier run with the same content hash, else ``None``."""
-    first: dict[str, str] = {}
-    out = []
+def find_duplicates(runs: Sequence[RunRecord]) -> list[tuple[str, DuplicateKind] | None]:
+    """For each run, ``(file of the first earlier run it repeats, why)`` or ``None``.
+
+    A run repeats an earlier one with the same content hash (identical file) or, when both are complete, the
+    same loss-curve hash (identical (step, loss) pairs).
+    """
+    by_content: dict[str, str] = {}
+    by_curve: dict[str, str] = {}
+    out: list[tuple[str, DuplicateKind] | None] = []
     for run in runs:
-        out.append(first.get(run.content_hash) if run.content_hash else None)
+        curve = run.curve_hash if run.status == "complete" else None
+        if run.content_hash and run.content_hash in by_content:
+            out.append((by_content[run.content_hash], "identical file"))
+        elif curve and curve in by_curve:
+            out.append((by_curve[curve], "identical loss curve"))
+        else:
+            out.append(None)
         if run.content_hash:
-            first.setdefault(run.content_hash, run.file)
+            by_content.setdefault(run.content_hash, run.file)
+        if curve:
+            by_curve.setdefault(curve, run.file)
     return out
 
 
-def _split(path: str, runs: list[RunRecord], originals: list[str | None],
-           skipped: tuple[str, ...]) -> list[Group]:
-    """One group, or one per (step count, GPU count) when the directory mixes them."""
+def _split(path: str, runs: list[RunRecord], dups: list[tuple[str, DuplicateKind] | None],
+           skipped: tuple[str, ...], code_split: CodeSplit) -> list[Group]:
+    """One group, or one per (step count, GPU count[, code version]) when the directory mixes them."""
     steps = _assign([r.steps for r in runs])
     gpus = _assign([r.gpu_count for r in runs])
-    keys = list(zip(steps, gpus))
-    split_steps, split_gpus = len(set(steps)) > 1, len(set(gpus)) > 1
-    reason = _split_reason(path, runs, split_steps, split_gpus)
+    codes = _assign([r.code_hash for r in runs]) if code_split == "split" else [None] * len(runs)
+    keys = list(zip(steps, gpus, codes))
+    split = (len(set(steps)) > 1, len(set(gpus)) > 1, len(set(codes)) > 1)
+    reason = _split_reason(path, runs, split)
+    first_seen = {c: i for i, c in reversed(list(enumerate(codes)))}
     out = []
-    for key in sorted(set(keys), key=_sort_key):
+    for key in sorted(set(keys), key=lambda k: (_sort_key(k[:2]), first_seen[k[2]])):
         idx = [i for i, k in enumerate(keys) if k == key]
-        suffix = _suffix(key, split_steps, split_gpus)
+        suffix = _suffix(key, split)
         out.append(Group(name=f"{path}{suffix}", path=path, slug=suffix, runs=tuple(runs[i] for i in idx),
-                         split_reason=reason, duplicate_of=tuple(originals[i] for i in idx), skipped=skipped))
+                         split_reason=reason, duplicate_of=tuple(dups[i] and dups[i][0] for i in idx),
+                         duplicate_kind=tuple(dups[i] and dups[i][1] for i in idx), skipped=skipped,
+                         code_split=code_split))
     return out
 
 
-def _assign(values: list[int | None]) -> list[int | str | None]:
+def _assign(values: list) -> list:
     """Unknown values join the only known one; with several known values they stay apart (``None``)."""
     known = {v for v in values if v is not None}
     only = known.pop() if len(known) == 1 else None
     return [only if v is None else v for v in values]
 
 
-def _sort_key(key: tuple[int | None, int | None]) -> tuple:
+def _sort_key(key: tuple[int | None, ...]) -> tuple:
     return tuple((v is None, v or 0) for v in key)
 
 
-def _split_reason(path: str, runs: list[RunRecord], split_steps: bool, split_gpus: bool) -> str | None:
+def _split_reason(path: str, runs: list[RunRecord], split: tuple[bool, bool, bool]) -> str | None:
     parts = []
-    if split_steps:
-        counts = Counter("unknown" if r.steps is None else str(r.steps) for r in runs)
-        parts.append("step counts differ (" + ", ".join(f"{k} runs of {s}" for s, k in sorted(counts.items())) + ")")
-    if split_gpus:
-        counts = Counter("unknown" if r.gpu_count is None else str(r.gpu_count) for r in runs)
-        parts.append("GPU counts differ (" + ", ".join(f"{k} runs on {g}" for g, k in sorted(counts.items())) + ")")
+    for on, what, attr, unit in ((split[0], "step counts", "steps", "of"), (split[1], "GPU counts", "gpu_count", "on"),
+                                 (split[2], "code versions", "code_hash", "of code")):
+        if on:
+            counts = Counter("unknown" if getattr(r, attr) is None else str(getattr(r, attr))[:8] for r in runs)
+            listed = ", ".join(f"{k} runs {unit} {v}" for v, k in sorted(counts.items()))
+            parts.append(f"{what} differ ({listed})")
     return f"{path}: " + "; ".join(parts) if parts else None
 
 
-def _suffix(key: tuple[int | None, int | None], split_steps: bool, split_gpus: bool) -> str:
-    steps, gpus = key
+def _suffix(key: tuple[int | None, int | None, str | None], split: tuple[bool, bool, bool]) -> str:
+    steps, gpus, code = key
     parts = []
-    if split_steps:
+    if split[0]:
         parts.append("steps unknown" if steps is None else f"{steps} steps")
-    if split_gpus:
+    if split[1]:
         parts.append("GPUs unknown" if gpus is None else "CPU" if gpus == 0 else f"{gpus} GPU{'s' * (gpus != 1)}")
+    if split[2]:
+        parts.append("code unknown" if code is None else f"code {code[:8]}")
     return f" [{', '.join(parts)}]" if parts else ""
 
 
@@ -242,8 +305,7 @@ def _with_unique_slugs(groups: list[Group]) -> list[Group]:
         slugs = [_safe("__".join(t[-depth:]) + g.slug) for t, g in zip(tails, groups)]
         if len(set(slugs)) == len(slugs):
             break
-    return [Group(name=g.name, path=g.path, slug=slug, runs=g.runs, split_reason=g.split_reason,
-                  duplicate_of=g.duplicate_of, skipped=g.skipped) for g, slug in zip(groups, slugs)]
+    return [replace(g, slug=slug) for g, slug in zip(groups, slugs)]
 
 
 def _safe(slug: str) -> str:

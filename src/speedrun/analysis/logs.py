@@ -31,7 +31,6 @@ parse in a few seconds.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -41,6 +40,8 @@ from typing import Any, Literal, Mapping, NamedTuple, get_args
 import numpy as np
 import pandas as pd
 
+from speedrun.analysis.provenance import modded_provenance, sha256, speedrun_provenance
+from speedrun.analysis.provenance import versions as read_versions
 from speedrun.errors import SpeedrunError
 
 Format = Literal["speedrun", "modded", "llmc"]
@@ -60,12 +61,6 @@ _LLMC_FIRST_RE = re.compile(rb"\s*s:\d+ t[re]l:")
 _STEP_FIRST_RE = re.compile(rb"\s*step:\d+/\d+ ")
 _MODDED_MARK_RE = re.compile(rb"^(?:step:\d+/\d+ |Running [Pp]y)", re.M)
 _PEAK_RE = re.compile(rb"peak memory (?:allocated|consumption): (\d+) MiB")
-_HEADER_RE = re.compile(r"^([a-z_]+): (.*?)\s*$", re.M)
-_PYTHON_RE = re.compile(r"^Running [Pp]ython (\S+)", re.M)
-_TORCH_RE = re.compile(r"^Running [Pp]y[Tt]orch (\S+) compiled for CUDA (\S+)", re.M)
-_TRITON_RE = re.compile(r"^Running Triton version (\S+)", re.M)
-_GPU_ROW_RE = re.compile(r"^\|\s+\d+\s+(\S.*?)\s+(?:On|Off)\s+\|", re.M)
-_DEVICE_RE = re.compile(r"^(.*?)\s*[x×]\s*(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -76,10 +71,16 @@ class RunRecord:
     ``step:N/N val_loss`` line, ``None`` unless ``status == "complete"``. ``steps`` is the scheduled total N
     (``None`` for an unfinished llm.c log), ``last_step`` the last logged step. ``gpu_count`` counts the GPU
     rows of the nvidia-smi table (``modded``) or comes from our ``device:`` header (0 on CPU).
-    ``code_hash`` is the sha256 of the code dump (``modded``: the text before the separator that ends it)
-    or of our ``config:`` line's JSON; ``content_hash`` the sha256 of the whole file (duplicate detection);
-    ``curve_hash`` the sha256 of the logged loss values (identical curves mean non-independent runs).
-    ``reason`` says why a run is not complete.
+    ``code_hash`` identifies the code version: the sha256 of the code dump (``modded``: the text before the
+    separator that ends it) or, for our logs, of the ``config:`` line's JSON with the git commit
+    (:func:`speedrun.analysis.provenance.speedrun_provenance`); ``content_hash`` the sha256 of the whole file;
+    ``curve_hash`` the sha256 of the logged (step, loss) pairs. Identical files or identical loss curves are
+    the same run (:mod:`speedrun.analysis.groups`). ``reason`` says why a run is not complete.
+
+    Provenance (:mod:`speedrun.analysis.provenance`; ``None`` when the log does not say): ``git_commit``,
+    ``git_dirty``, ``config_sha256``, ``train_data_sha256``, ``val_data_sha256`` (hex), ``val_tokens``,
+    ``tokens_per_step`` (tokens), ``device`` (our ``device:`` header), ``compile_s`` (s, compile and warm-up,
+    not in train_time), ``compile_flags`` (sorted compile settings), ``versions`` (python, torch, cuda, triton).
     """
 
     file: str
@@ -101,16 +102,27 @@ class RunRecord:
     content_hash: str = ""
     curve_hash: str | None = None
     reason: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    config_sha256: str | None = None
+    train_data_sha256: str | None = None
+    val_data_sha256: str | None = None
+    val_tokens: int | None = None
+    tokens_per_step: int | None = None
+    device: str | None = None
+    compile_s: float | None = None
+    compile_flags: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (docs/formats.md "Parsed run")."""
         out = asdict(self)
         out["versions"] = dict(self.versions)
+        out["compile_flags"] = None if self.compile_flags is None else list(self.compile_flags)
         return out
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], source: str = "<json>") -> "RunRecord":
-        """Rebuild a record written by :meth:`to_json`.
+        """Rebuild a record written by :meth:`to_json` (keys added later default to ``None``).
 
         Raises:
             SpeedrunError: a required key is missing or ``format``/``status`` has an unknown value.
@@ -123,7 +135,11 @@ class RunRecord:
         if obj["format"] not in FORMATS or obj["status"] not in STATUSES:
             raise SpeedrunError(f"{source}: format {obj['format']!r} / status {obj['status']!r}: expected one of "
                                 f"{FORMATS} / {STATUSES}")
-        return cls(**{k: v for k, v in obj.items() if k in names})
+        values = {k: v for k, v in obj.items() if k in names}
+        if values.get("compile_flags") is not None:
+            values["compile_flags"] = tuple(values["compile_flags"])
+        values["versions"] = dict(values.get("versions") or {})
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -268,10 +284,6 @@ def _float(x: bytes | None) -> float | None:
     return None if x is None or x == b"" else float(x)
 
 
-def _sha256(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
 class _Result(NamedTuple):
     steps: int | None  # scheduled total N
     last_step: int | None
@@ -284,12 +296,15 @@ def _record(scan: _Scan, data: bytes, path: str | Path) -> RunRecord:
     result = _result(scan)
     status, reason = _status(scan, result)
     final = result.final if status == "complete" else None
-    info = _speedrun_header(scan.meta, path) if scan.format == "speedrun" else _modded_header(scan)
+    if scan.format == "speedrun":
+        info = speedrun_provenance(scan.meta, path)
+    else:
+        info = modded_provenance(scan.meta, scan.code)
     return RunRecord(
         file=str(path), format=scan.format, status=status, steps=result.steps, last_step=result.last_step,
         val_loss=final[0] if final else None, train_time_ms=final[1] if final else None,
         step_avg_ms=final[2] if final else None, peak_memory_mib=_peak_memory(scan.body),
-        versions=_versions(scan.meta), content_hash=_sha256(data), curve_hash=result.curve_hash, reason=reason,
+        versions=read_versions(scan.meta), content_hash=sha256(data), curve_hash=result.curve_hash, reason=reason,
         **info)
 
 
@@ -315,7 +330,7 @@ def _result(scan: _Scan) -> _Result:
     losses = [r for r in rows if r[2]]
     nonfinite = next((f"non-finite {r[2].decode()}_loss at step {int(r[0])}"
                       for r in losses if not math.isfinite(float(r[3]))), None)
-    curve = _sha256(b" ".join(r[0] + b":" + r[3] for r in losses))
+    curve = sha256(b" ".join(r[0] + b":" + r[3] for r in losses))
     return _Result(steps, last_step, final, curve, nonfinite)
 
 
@@ -333,45 +348,6 @@ def _status(scan: _Scan, result: _Result) -> tuple[Status, str | None]:
         return "truncated", "no metrics lines"
     total = result.steps if result.steps is not None else "an unknown total"
     return "truncated", f"log ends at step {result.last_step} of {total} without the final val_loss line"
-
-
-def _versions(meta: str) -> dict[str, str]:
-    out = {}
-    if m := _PYTHON_RE.search(meta):
-        out["python"] = m.group(1)
-    if m := _TORCH_RE.search(meta):
-        out["torch"], out["cuda"] = m.group(1), m.group(2)
-    if m := _TRITON_RE.search(meta):
-        out["triton"] = m.group(1)
-    return out
-
-
-def _modded_header(scan: _Scan) -> dict[str, Any]:
-    """GPU model and count from the nvidia-smi table; the code hash of the code dump."""
-    names = _GPU_ROW_RE.findall(scan.meta)
-    return {"gpu": ", ".join(dict.fromkeys(names)) or None, "gpu_count": len(names) or None,
-            "code_hash": _sha256(scan.code) if scan.code else None}
-
-
-def _speedrun_header(meta: str, path: str | Path) -> dict[str, Any]:
-    """Seed, variant, world size, device and config hash from our ``key: value`` header lines."""
-    header = dict(_HEADER_RE.findall(meta))
-    out: dict[str, Any] = {"variant": header.get("variant"), "gpu": None, "gpu_count": None,
-                           "code_hash": _sha256(header["config"]) if "config" in header else None}
-    for key in ("seed", "world_size"):
-        if key in header:
-            try:
-                out[key] = int(header[key])
-            except ValueError:
-                raise SpeedrunError(f"{path}: header '{key}: {header[key]}': expected an integer") from None
-    device = header.get("device")
-    if device == "cpu":
-        out["gpu_count"] = 0
-    elif device and (m := _DEVICE_RE.match(device)):
-        out["gpu"], out["gpu_count"] = m.group(1), int(m.group(2))
-    elif device:
-        out["gpu"] = device
-    return out
 
 
 def _metrics(scan: _Scan) -> pd.DataFrame:

@@ -1,18 +1,20 @@
-"""Text and Markdown rendering of the statistics records; computes nothing.
+"""Text and Markdown rendering of the group statistics; computes nothing.
 
 ``statistics.md`` follows the public records' layout (2026-05-20_BigramsSignTrick/{baseline,pr299}/
 statistics.md): a run table (Run, val_loss, train_time) and a summary table (mean, std, min, max), then the
-exact test with its one-line output, and the runs that were not counted.
+exact test with its one-line output, the runs needed for p < alpha, a scipy snippet that prints that line, the
+runs' provenance, and the runs that were not counted. Comparisons: :mod:`speedrun.analysis.comparison_tables`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from speedrun.analysis.groups import run_label
+from speedrun.analysis.snippets import one_sample_snippet
 
 if TYPE_CHECKING:
-    from speedrun.compare import Comparison
     from speedrun.stats import GroupStats
 
 DASH = "–"
@@ -35,6 +37,20 @@ def fmt_loss(x: float | None) -> str:
     return f"{x:.4f}" if round(x, 4) == x else repr(x)
 
 
+def p_cell(s: "GroupStats") -> str:
+    """The p-value as tables show it: never bare when there are too few runs or it is undefined."""
+    note = s.p_value_note
+    return f"{fmt_p(s.test.p_value)} ({note})" if note else fmt_p(s.test.p_value)
+
+
+def runs_needed_cell(s: "GroupStats") -> str:
+    """``runs for p<alpha / for 80% power``, or a dash when undefined."""
+    pw = s.power
+    if pw.runs_needed is None:
+        return DASH
+    return f"{pw.runs_needed} / {DASH if pw.runs_for_power is None else pw.runs_for_power}"
+
+
 def test_line(s: "GroupStats") -> str:
     """One line: ``n=13 val_loss=3.2789±0.0014 t=-2.815 p(mean<3.28)=0.007803 time=77.34±0.20s``."""
     v, t, time = s.val_loss, s.test, s.train_time_s
@@ -42,12 +58,14 @@ def test_line(s: "GroupStats") -> str:
             f"p(mean<{s.target:g})={fmt_p(t.p_value)} time={fmt(time.mean, 2)}±{fmt(time.std, 2)}s")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of a whitespace-aligned table."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     return ["  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in (header, *rows)]
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Lines of a Markdown table."""
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
         "| " + " | ".join(str(x) for x in row) + " |" for row in rows]
 
@@ -55,15 +73,17 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
 def stats_table(results: Sequence["GroupStats"]) -> str:
     """The console table of ``speedrun stats``: one row per group, then notes (splits, incomplete runs...)."""
     target = results[0].target if results else 0.0
-    header = ["group", "n", "steps", "val_loss mean ± std", f"p(mean<{target:g})", "time mean ± std (s)",
-              "incomplete"]
+    alpha = results[0].alpha if results else 0.0
+    power = results[0].power.power if results else 0.0
+    header = ["group", "n", "steps", "val_loss mean ± std", f"p(mean<{target:g})",
+              f"runs for p<{alpha:g} / {power:.0%} power", "time mean ± std (s)", "incomplete"]
     rows = []
     for s in results:
         incomplete = ", ".join(f"{k} {status}" for status, k in s.incomplete.items()) or DASH
         rows.append([s.group.name, str(s.val_loss.n), str(s.group.steps or DASH),
-                     f"{fmt(s.val_loss.mean, 4)} ± {fmt(s.val_loss.std, 4)}", fmt_p(s.test.p_value),
+                     f"{fmt(s.val_loss.mean, 4)} ± {fmt(s.val_loss.std, 4)}", p_cell(s), runs_needed_cell(s),
                      f"{fmt(s.train_time_s.mean, 2)} ± {fmt(s.train_time_s.std, 2)}", incomplete])
-    return "\n".join(_table(header, rows) + _notes(results))
+    return "\n".join(text_table(header, rows) + _notes(results))
 
 
 def _notes(results: Sequence["GroupStats"]) -> list[str]:
@@ -73,10 +93,11 @@ def _notes(results: Sequence["GroupStats"]) -> list[str]:
         if g.split_reason and g.split_reason not in splits:
             splits.add(g.split_reason)
             notes.append(f"split: {g.split_reason}")
-        if s.test.reason:
-            notes.append(f"{g.name}: no p-value: {s.test.reason}")
+        if s.power.reason and s.val_loss.n >= 2:
+            notes.append(f"{g.name}: runs needed: {s.power.reason}")
         notes += [f"{g.name}: {r.status}: {r.file} ({r.reason})" for r in g.runs if r.status != "complete"]
-        notes += [f"{g.name}: duplicate, counted once: {f} = {orig}" for f, orig in g.duplicates.items()]
+        notes += [f"{g.name}: duplicate ({g.duplicate_kinds[f]}), counted once: {f} = {orig}"
+                  for f, orig in g.duplicates.items()]
         notes += [f"{g.name}: warning: {w}" for w in g.warnings()]
     return [""] + notes if notes else []
 
@@ -93,31 +114,118 @@ def _summary_rows(s: "GroupStats") -> list[list[str]]:
     return rows
 
 
-def statistics_markdown(s: "GroupStats") -> str:
-    """``statistics.md`` of one group (module docstring)."""
+def statistics_markdown(s: "GroupStats", title: str | None = None, extra: Sequence[str] = ()) -> str:
+    """``statistics.md`` of one group (module docstring); ``title`` replaces the group name in the heading and
+    ``extra`` Markdown lines (a "vs baseline" section) go after the test."""
     g = s.group
     steps = f", step {g.steps}/{g.steps}" if g.steps else ""
-    lines = [f"# {g.name} statistics", "", f"{s.val_loss.n} complete runs{steps}.", ""]
+    lines = [f"# {title or g.name} statistics", "", f"{s.val_loss.n} complete runs{steps}.", ""]
     if g.split_reason:
         lines += [f"Split: {g.split_reason}.", ""]
-    lines += _md_table(["Run", "val_loss", "train_time"], [
+    lines += md_table(["Run", "val_loss", "train_time"], [
         [run_label(r.file), fmt_loss(r.val_loss), DASH if r.train_time_ms is None else f"{r.train_time_ms:.0f}ms"]
         for r in g.counted])
-    lines += ["", "## Summary", ""] + _md_table(["", "mean", "std", "min", "max"], _summary_rows(s))
-    lines += ["", f"p(val_loss < {s.target:g}) = **{fmt_p(s.test.p_value)}**", "", "## Test", "",
+    lines += ["", "## Summary", ""] + md_table(["", "mean", "std", "min", "max"], _summary_rows(s))
+    lines += ["", _p_sentence(s), "", _power_sentence(s), "", "## Test", "",
               f"One-sided one-sample t-test, H1: {s.test.hypothesis} "
               f"(`scipy.stats.ttest_1samp(val_loss, {s.target:g}, alternative=\"less\")`), alpha {s.alpha:g}:",
               "", "    " + test_line(s), "", _verdict(s)]
-    lines += _md_incomplete(s)
+    lines += _snippet(s) + list(extra) + _provenance(s) + _md_incomplete(s)
     return "\n".join(lines) + "\n"
+
+
+def _p_sentence(s: "GroupStats") -> str:
+    if s.test.p_value is None:
+        return f"p(val_loss < {s.target:g}): none ({s.p_value_note})"
+    if s.too_few_runs:
+        return f"p(val_loss < {s.target:g}) = {fmt_p(s.test.p_value)} ({s.p_value_note}: not evidence either way)"
+    return f"p(val_loss < {s.target:g}) = **{fmt_p(s.test.p_value)}**"
+
+
+def _power_sentence(s: "GroupStats") -> str:
+    pw = s.power
+    if pw.runs_needed is None:
+        return f"Runs needed for p < {s.alpha:g}: none ({pw.reason})."
+    planned = DASH if pw.runs_for_power is None else str(pw.runs_for_power)
+    return (f"Runs needed for p < {s.alpha:g}: **{pw.runs_needed}** (a group of that many runs with exactly this "
+            f"mean and std would pass; {s.val_loss.n} counted), **{planned}** for {pw.power:.0%} power "
+            f"(noncentral t, this mean and std taken as the truth; power with {s.val_loss.n} runs: "
+            f"{pw.power_now:.0%}).")
 
 
 def _verdict(s: "GroupStats") -> str:
     if s.test.p_value is None:
         return f"No p-value: {s.test.reason}."
+    if s.too_few_runs:
+        return f"No verdict: {s.p_value_note}."
     if s.reaches_target:
         return f"Mean val_loss is below {s.target:g} at p < {s.alpha:g}."
     return f"Mean val_loss below {s.target:g} is not shown at p < {s.alpha:g}."
+
+
+def _snippet(s: "GroupStats") -> list[str]:
+    if s.test.p_value is None:
+        return []
+    counted = s.group.counted
+    times = [r.train_time_ms / 1000.0 for r in counted if r.train_time_ms is not None]
+    code = one_sample_snippet([r.val_loss for r in counted], times, s.target)
+    return ["", "Reproduce with scipy:", "", "```python", *code.splitlines(), "```"]
+
+
+PROVENANCE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("seed", "seed"), ("git_commit", "git commit"), ("config_sha256", "config sha256"),
+    ("train_data_sha256", "train data sha256"), ("val_data_sha256", "val data sha256"),
+    ("val_tokens", "val_tokens"), ("world_size", "world size"), ("tokens_per_step", "tokens/step"),
+    ("device", "device"), ("compile_s", "compile (s)"), ("python", "Python"), ("torch", "PyTorch"),
+    ("cuda", "CUDA"), ("triton", "Triton"),
+)
+
+
+def provenance_cell(run: Mapping[str, Any], key: str) -> str | None:
+    """One provenance value of a run (a parsed-run JSON object) as a table shows it, ``None`` when unknown.
+
+    Hashes are cut to 12 hex digits, the commit to 10 (``+dirty`` when ``git_dirty``); ``device`` falls
+    back to ``<gpu> x <gpu_count>`` (public logs); versions come from ``versions``.
+    """
+    if key in ("python", "torch", "cuda", "triton"):
+        return (run.get("versions") or {}).get(key)
+    value = run.get(key)
+    if key == "device" and value is None and run.get("gpu"):
+        value = f"{run['gpu']} x {run.get('gpu_count') or '?'}"
+    if value is None:
+        return None
+    if key == "git_commit":
+        return str(value)[:10] + ("+dirty" if run.get("git_dirty") else "")
+    if key.endswith("sha256"):
+        return str(value)[:12]
+    if key == "compile_s":
+        return f"{value:.1f}"
+    return str(value)
+
+
+def provenance_table(runs: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
+    """Markdown lines of the provenance table (one row per run, ``labels`` naming them); columns that no run
+    records are left out. Empty when no run records anything."""
+    columns = [(k, h) for k, h in PROVENANCE_COLUMNS if any(provenance_cell(r, k) is not None for r in runs)]
+    if not columns:
+        return []
+    rows = [[label] + [provenance_cell(r, k) or DASH for k, _ in columns] for r, label in zip(runs, labels)]
+    return md_table(["Run"] + [h for _, h in columns], rows)
+
+
+def _provenance(s: "GroupStats") -> list[str]:
+    runs = s.group.runs
+    table = provenance_table([r.to_json() for r in runs], [run_label(r.file) for r in runs])
+    versions = s.group.code_versions
+    code = ["Code versions (code_hash): " + ", ".join(f"`{h[:12]}` x{k}" for h, k in versions.items()) + "."] \
+        if versions else []
+    flags = Counter(r.compile_flags for r in s.group.counted if r.compile_flags is not None)
+    code += ["Compile settings: " + "; ".join(
+        (", ".join(f"`{f}`" for f in fl) or "none") + f" x{k}" for fl, k in flags.most_common()) + "."] if flags else []
+    if not table and not code:
+        return []
+    paragraphs = [line for c in code for line in (c, "")][:-1]
+    return ["", "## Provenance", ""] + paragraphs + ([""] if code and table else []) + table
 
 
 def _md_incomplete(s: "GroupStats") -> list[str]:
@@ -125,58 +233,14 @@ def _md_incomplete(s: "GroupStats") -> list[str]:
     lines = []
     incomplete = [r for r in g.runs if r.status != "complete"]
     if incomplete:
-        lines += ["", "## Runs not counted", ""] + _md_table(["Run", "status", "last step", "reason"], [
+        lines += ["", "## Runs not counted", ""] + md_table(["Run", "status", "last step", "reason"], [
             [run_label(r.file), r.status, r.last_step if r.last_step is not None else DASH, r.reason or DASH]
             for r in incomplete])
     if g.duplicates:
-        lines += ["", "## Duplicates (identical files, counted once)", ""] + _md_table(
-            ["Run", "same as"], [[f, orig] for f, orig in g.duplicates.items()])
+        kinds = g.duplicate_kinds
+        lines += ["", "## Duplicates (counted once)", ""] + md_table(
+            ["Run", "same as", "why"], [[f, orig, kinds[f]] for f, orig in g.duplicates.items()])
     warnings = g.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
     return lines
-
-
-def comparison_rows(c: "Comparison") -> list[list[str]]:
-    """Rows (quantity, baseline, candidate, difference [95% CI], test) of a comparison."""
-    v, t = c.val_loss, c.train_time
-    return [
-        ["n", str(v.n_baseline), str(v.n_candidate), DASH, DASH],
-        ["val_loss mean ± std", f"{fmt(v.mean_baseline, 5)} ± {fmt(v.std_baseline, 5)}",
-         f"{fmt(v.mean_candidate, 5)} ± {fmt(v.std_candidate, 5)}",
-         f"{fmt(v.difference, 5)} [{fmt(v.ci_low, 5)}, {fmt(v.ci_high, 5)}]",
-         f"H1: {v.hypothesis}: t={fmt(v.t_statistic, 3)} dof={fmt(v.dof, 1)} p={fmt_p(v.p_value)}"],
-        ["train_time mean ± std (s)", f"{fmt(t.mean_baseline, 3)} ± {fmt(t.std_baseline, 3)}",
-         f"{fmt(t.mean_candidate, 3)} ± {fmt(t.std_candidate, 3)}",
-         f"{fmt(t.difference, 3)} [{fmt(t.ci_low, 3)}, {fmt(t.ci_high, 3)}]",
-         f"H1: {t.hypothesis}: t={fmt(t.t_statistic, 3)} dof={fmt(t.dof, 1)} p={fmt_p(t.p_value)}"],
-    ]
-
-
-def _comparison_notes(c: "Comparison") -> list[str]:
-    sp = c.speedup
-    notes = [f"speedup: {fmt(sp.difference, 3)} s ({fmt(sp.percent, 2)}% of the baseline's mean train_time)"
-             if sp else "speedup: – (a side has no train_time)"]
-    notes += [f"{name}: no p-value: {w.reason}" for name, w in (("val_loss", c.val_loss), ("train_time", c.train_time))
-              if w.reason]
-    notes += [f"warning: {w}" for w in c.warnings]
-    return notes
-
-
-def comparison_text(c: "Comparison") -> str:
-    """The console output of ``speedrun compare``."""
-    header = ["", f"baseline {c.baseline.name}", f"candidate {c.candidate.name}", "difference [95% CI]",
-              "Welch t-test (one-sided)"]
-    return "\n".join(_table(header, comparison_rows(c)) + [""] + _comparison_notes(c))
-
-
-def comparison_markdown(c: "Comparison") -> str:
-    """``comparison.md``: the Welch tests, differences with 95% CIs and the speedup."""
-    lines = [f"# {c.candidate.name} vs {c.baseline.name}", "",
-             "Welch's unequal-variance t-tests (`scipy.stats.ttest_ind(candidate, baseline, equal_var=False, "
-             "alternative=\"less\")`), one-sided in the stated direction; differences are candidate − baseline "
-             f"with two-sided 95% Welch confidence intervals; alpha {c.alpha:g}. Only complete runs are counted.",
-             ""]
-    lines += _md_table(["", "baseline", "candidate", "difference [95% CI]", "Welch t-test"], comparison_rows(c))
-    lines += [""] + [f"- {n}" for n in _comparison_notes(c)]
-    return "\n".join(lines) + "\n"

@@ -11,6 +11,10 @@ Inputs are 1-D float sequences of shape ``(n_runs,)``, one value per complete ru
   stated, the mean difference (candidate - baseline) and its two-sided Welch confidence interval with the
   Welch-Satterthwaite degrees of freedom (Welch 1947, Biometrika 34:28).
 
+* Track-3 style fixed-sigma rule (issue 5, from the public repository's optimization track): a group passes when
+  ``(target - mean) * sqrt(n) >= 0.004``, i.e. a one-sided z-test with the run-to-run std fixed in advance
+  rather than estimated (0.004 = z_{0.99} * 0.0017 to two digits; meaningful for the public metric only).
+
 A test that cannot be computed (fewer than 2 values, zero variance) returns ``p_value=None`` and a ``reason``.
 The record layout follows pingouin's ``ttest`` (statistic, dof, p, CI, n).
 """
@@ -87,6 +91,21 @@ class Speedup:
     candidate_mean: float
     difference: float
     percent: float
+
+
+@dataclass(frozen=True)
+class ZRule:
+    """The fixed-sigma rule ``value = (target - mean) * sqrt(n) >= margin``; ``None`` fields when n == 0."""
+
+    n: int
+    mean: float | None
+    target: float
+    margin: float
+    value: float | None
+    passes: bool | None
+
+
+Z_RULE_MARGIN = 0.004
 
 
 def _array(x: Sequence[float]) -> np.ndarray:
@@ -181,3 +200,13 @@ def speedup(baseline_times: Sequence[float], candidate_times: Sequence[float]) -
         return None
     bm, cm = float(np.mean(b)), float(np.mean(c))
     return Speedup(bm, cm, bm - cm, 100.0 * (bm - cm) / bm)
+
+
+def z_rule(x: Sequence[float], target: float, margin: float = Z_RULE_MARGIN) -> ZRule:
+    """The fixed-sigma rule (module docstring) on ``x`` (shape ``(n,)``, final val_loss of each run)."""
+    a = _array(x)
+    if a.size == 0:
+        return ZRule(0, None, target, margin, None, None)
+    mean = float(np.mean(a))
+    value = (target - mean) * math.sqrt(a.size)
+    return ZRule(int(a.size), mean, target, margin, value, value >= margin)

@@ -1,0 +1,93 @@
+"""The README.md of a submission bundle (``speedrun bundle``); computes nothing.
+
+Its results table has the columns of the public records' READMEs (2026-01-26-UntieValueEmbeddings:
+``Runs Time μ Time σ Time +/- Time p Loss μ Loss σ Loss +/- p``) plus the step count and the runs needed for
+p < alpha; ``Time p`` is the one-sided Welch test of H1: the candidate is faster. Then the rules check, and
+scipy snippets that print every figure of the table.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+from speedrun.analysis.comparison_tables import STATUS_MARK, welch_line, z_rule_lines
+from speedrun.analysis.groups import run_label
+from speedrun.analysis.snippets import one_sample_snippet, welch_snippet
+from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, p_cell, runs_needed_cell, test_line
+
+if TYPE_CHECKING:
+    from speedrun.compare import Comparison
+    from speedrun.stats import GroupStats
+
+
+def results_rows(base: "GroupStats", cand: "GroupStats", c: "Comparison",
+                 titles: Mapping[str, str]) -> list[list[str]]:
+    """One row per side: runs, steps, time μ/σ (s), time +/- and Welch p (candidate), loss μ/σ, loss +/-,
+    p(mean < target), runs needed for p < alpha / for 80% power."""
+    rows = []
+    for side, s in (("baseline", base), ("candidate", cand)):
+        t, v = s.train_time_s, s.val_loss
+        is_cand = side == "candidate"
+        rows.append([titles[side], str(v.n), str(s.group.steps or DASH), fmt(t.mean, 4), fmt(t.std, 4),
+                     fmt(c.train_time.difference, 4) if is_cand else DASH,
+                     fmt_p(c.train_time.p_value) if is_cand else DASH,
+                     fmt(v.mean, 4), fmt(v.std, 4), fmt(c.val_loss.difference, 4) if is_cand else DASH,
+                     p_cell(s), runs_needed_cell(s)])
+    return rows
+
+
+def _accounting(s: "GroupStats", side: str) -> str:
+    g = s.group
+    parts = [f"{len(g.runs)} log(s)", f"{s.val_loss.n} counted"]
+    parts += [f"{k} {status}" for status, k in s.incomplete.items()]
+    if g.duplicates:
+        parts.append(f"{len(g.duplicates)} duplicate(s) counted once")
+    return f"- `{side}/`: " + ", ".join(parts) + "; `statistics.md` lists every run."
+
+
+def _snippets(base: "GroupStats", cand: "GroupStats", titles: Mapping[str, str]) -> list[str]:
+    lines = []
+    for side, s in (("baseline", base), ("candidate", cand)):
+        if s.test.p_value is None:
+            continue
+        counted = s.group.counted
+        times = [r.train_time_ms / 1000.0 for r in counted if r.train_time_ms is not None]
+        lines += ["", f"{titles[side]}, one-sample t-test; prints `{test_line(s)}`:", "", "```python",
+                  *one_sample_snippet([r.val_loss for r in counted], times, s.target).splitlines(), "```"]
+    times = {side: [r.train_time_ms / 1000.0 for r in s.group.counted if r.train_time_ms is not None]
+             for side, s in (("baseline", base), ("candidate", cand))}
+    if min(len(v) for v in times.values()) >= 2:
+        lines += ["", "Welch t-test on train_time (H1: the candidate is faster):", "", "```python",
+                  *welch_snippet(times["baseline"], times["candidate"], "train_time_s", "s").splitlines(), "```"]
+    return lines
+
+
+def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Comparison",
+                  titles: Mapping[str, str]) -> str:
+    """The bundle's README.md (module docstring)."""
+    target, alpha = cand.target, cand.alpha
+    lines = [f"# {title}", ""]
+    bad = [r for r in c.rules if r.status == "violation"]
+    if bad:
+        lines += [f"> **Warning: {len(bad)} rule(s) violated**: " + "; ".join(f"{r.rule} ({r.detail})" for r in bad)
+                  + ".", ""]
+    lines += [f"Candidate `candidate/` against baseline `baseline/`: final val_loss of each complete run against "
+              f"the target {target:g} (one-sided one-sample t-test, p < {alpha:g} with at least 3 runs; "
+              "modded-nanogpt README, record rules) and train_time against the baseline (one-sided Welch t-test). "
+              "Times are the `train_time` of each run's final `step:N/N val_loss` line, in seconds; std is the "
+              "sample std (ddof=1).", "", "## Results", ""]
+    header = ["", "Runs", "Steps", "Time μ (s)", "Time σ", "Time +/-", "Time p", "Loss μ", "Loss σ", "Loss +/-",
+              f"p(mean<{target:g})", f"runs for p<{alpha:g} / {cand.power.power:.0%} power"]
+    lines += md_table(header, results_rows(base, cand, c, titles))
+    sp = c.speedup
+    lines += ["", f"Speedup: {fmt(sp.difference, 4)} s ({fmt(sp.percent, 2)}%)." if sp else "Speedup: –.", "",
+              "    " + welch_line("train_time_s", c.train_time, "s"),
+              "    " + welch_line("val_loss", c.val_loss, "")]
+    z_lines = [f"- {line}" for line in z_rule_lines(c)]
+    lines += ([""] + z_lines if z_lines else []) + ["", "## Rules check", ""] + md_table(["rule", "status", "detail"],
+                                                   [[r.rule, STATUS_MARK[r.status], r.detail] for r in c.rules])
+    lines += ["", "## Runs", "", _accounting(base, "baseline"), _accounting(cand, "candidate"), "",
+              "Counted runs: baseline " + ", ".join(run_label(r.file) for r in base.group.counted) + "; candidate "
+              + ", ".join(run_label(r.file) for r in cand.group.counted) + "."]
+    lines += ["", "## Reproduce"] + _snippets(base, cand, titles)
+    return "\n".join(lines) + "\n"

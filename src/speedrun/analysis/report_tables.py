@@ -1,0 +1,129 @@
+"""The report's Markdown (``results/report/summary.md``) from the stages' JSON files; computes nothing.
+
+Inputs are the objects of summary.json (docs/formats.md "Statistics"), of the compare stage's JSON files
+("Comparison") and the parsed-run records ("Parsed run"). Older files without the newer keys (power, rules,
+provenance) render with dashes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from speedrun.analysis.comparison_tables import STATUS_MARK
+from speedrun.analysis.groups import run_label
+from speedrun.analysis.tables import DASH, md_table, provenance_table
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return DASH
+    return f"{x:.{digits}f}"
+
+
+def _fmt_p(p: Any) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return DASH
+    return f"{p:.4g}"
+
+
+def _p_cell(g: Mapping[str, Any]) -> str:
+    note = g.get("p_value_note")
+    if note is None and g.get("p_value") is None and g.get("n", 0) < 2:
+        note = f"too few runs: n={g.get('n', 0)}"
+    return f"{_fmt_p(g.get('p_value'))} ({note})" if note else _fmt_p(g.get("p_value"))
+
+
+def _verdict(g: Mapping[str, Any], alpha: float) -> str:
+    if "reaches_target" in g:
+        value = g["reaches_target"]
+        return DASH if value is None else ("yes" if value else "no")
+    p = g.get("p_value")
+    return DASH if p is None else ("yes" if p < alpha else "no")
+
+
+def _runs_needed(g: Mapping[str, Any]) -> str:
+    needed, planned = g.get("runs_needed"), g.get("runs_for_power")
+    return DASH if needed is None else f"{needed} / {DASH if planned is None else planned}"
+
+
+def warnings_lines(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Bullets of everything that weakens a claim: comparison warnings (violated rules first), group warnings
+    and groups with too few runs."""
+    out = [f"- {c['candidate']} vs {c['baseline']}: {w}" for c in comparisons for w in c.get("warnings", [])]
+    out += [f"- {g['group']}: {w}" for g in summary for w in g.get("warnings", [])]
+    out += [f"- {g['group']}: p-value not a verdict: {g['p_value_note']}" for g in summary if g.get("p_value_note")]
+    return out
+
+
+def variants_lines(summary: Sequence[Mapping[str, Any]], alpha: float) -> list[str]:
+    """The per-variant statistics table."""
+    power = next((g["power"] for g in summary if g.get("power")), 0.8)
+    header = ["variant", "n", "steps", "val_loss mean", "val_loss std", "p(mean < target)", "reaches target",
+              f"runs for p<{alpha:g} / {power:.0%} power", "train_time mean (s)", "train_time std (s)"]
+    rows = [[g["group"], g["n"], g.get("steps", DASH), _fmt(g.get("val_loss_mean")), _fmt(g.get("val_loss_std")),
+             _p_cell(g), _verdict(g, alpha), _runs_needed(g), _fmt(g.get("train_time_mean_s"), 2),
+             _fmt(g.get("train_time_std_s"), 2)] for g in summary]
+    return md_table(header, rows)
+
+
+def render_comparisons(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Table of the candidate-vs-baseline Welch tests, then each candidate's rules check."""
+    header = ["candidate", "n (base/cand)", "Δ val_loss (cand − base) [95% CI]", "p (cand lower)",
+              "Δ train_time s [95% CI]", "p (cand faster)", "speedup", "rules"]
+    rows = []
+    for c in comparisons:
+        v, t = c["val_loss"], c["train_time"]
+        speedup = c.get("speedup") or {}
+        bad = sum(1 for r in c.get("rules", []) if r["status"] == "violation")
+        rules = DASH if "rules" not in c else ("ok" if not bad else f"**{bad} violated**")
+        rows.append([c["candidate"], f"{c['n_baseline']}/{c['n_candidate']}",
+                     f"{_fmt(v.get('difference'))} [{_fmt(v.get('ci_low'))}, {_fmt(v.get('ci_high'))}]",
+                     _fmt_p(v.get("p_value")),
+                     f"{_fmt(t.get('difference'), 2)} [{_fmt(t.get('ci_low'), 2)}, {_fmt(t.get('ci_high'), 2)}]",
+                     _fmt_p(t.get("p_value")),
+                     f"{_fmt(speedup.get('seconds'), 2)} s ({_fmt(speedup.get('percent'), 1)}%)", rules])
+    lines = md_table(header, rows)
+    for c in comparisons:
+        if c.get("rules"):
+            lines += ["", f"Rules check, {c['candidate']} against {c['baseline']}:", ""]
+            lines += md_table(["rule", "status", "detail"],
+                              [[r["rule"], STATUS_MARK.get(r["status"], r["status"]), r["detail"]] for r in c["rules"]])
+    return lines
+
+
+def runs_lines(runs: pd.DataFrame) -> list[str]:
+    """The run table and the incomplete runs."""
+    lines = md_table(["variant", "seed", "status", "val_loss", "train_time (s)", "steps"], [
+        [r.variant, r.seed, r.status, _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps] for r in runs.itertuples()])
+    incomplete = runs[runs["status"] != "complete"]
+    if len(incomplete):
+        lines += ["", f"**{len(incomplete)} incomplete run(s)**, not counted: " + ", ".join(
+            f"{r.variant} seed {r.seed} ({r.status})" for r in incomplete.itertuples())]
+    return lines
+
+
+def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Mapping[str, Any]],
+                   runs: pd.DataFrame, baseline: str, target: float, alpha: float,
+                   records: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The report's Markdown: warnings, variant statistics, candidate-vs-baseline tests and rules, the run
+    table and the runs' provenance (``records``: parsed-run records with their ``variant``)."""
+    lines = ["# Speedrun experiment", "",
+             f"Target val_loss {target}; a variant reaches it when the one-sided one-sample t-test of mean val_loss "
+             f"< {target} gives p < {alpha} with at least 3 counted runs (`scipy.stats.ttest_1samp(x, {target}, "
+             "alternative=\"less\")`, the public record rule). Runs needed: the smallest n at which a group with "
+             "the observed mean and std would reach p < alpha, and the n that reaches it with 80% power. "
+             "Incomplete runs (diverged, failed, truncated) and duplicates are listed and never counted in n.", ""]
+    warnings = warnings_lines(summary, comparisons)
+    if warnings:
+        lines += ["## Warnings", ""] + warnings + [""]
+    lines += ["## Variants", ""] + variants_lines(summary, alpha)
+    lines += ["", f"## Candidates against the baseline ({baseline})", ""]
+    lines += render_comparisons(comparisons) if comparisons else ["No candidate variant is configured."]
+    lines += ["", "## Runs", ""] + runs_lines(runs)
+    table = provenance_table(records, [f"{r.get('variant', '')} {run_label(str(r.get('file', '')))}" for r in records])
+    if table:
+        lines += ["", "## Provenance", ""] + table
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,152 @@
+"""Stage ``bundle``: a ready-to-submit record folder in the public records' layout.
+
+``speedrun bundle --baseline PATH --candidate PATH --out DIR [--target 3.28] [--alpha 0.01] [--title TEXT]
+[--split-code]``
+
+Each PATH is what ``speedrun compare`` takes (a directory of training logs or parsed-run ``.json`` files, or
+one file) and must resolve to one group. The folder follows the public records that ship statistics
+(2026-05-20_BigramsSignTrick: ``README.md``, ``baseline/``, ``pr299/``, each with its logs and a
+``statistics.md``)::
+
+    DIR/README.md                 results table (runs, steps, time and loss mean/std, p, runs needed, the
+                                  Welch time test), rules check, scipy snippets that reproduce every figure
+    DIR/baseline/<logs>           every run of the baseline, byte for byte (incomplete and duplicate ones too,
+                                  so the run accounting is checkable), and statistics.md
+    DIR/candidate/<logs>          the same for the candidate; its statistics.md ends with "vs baseline"
+
+A parsed-run ``.json`` names its log (``file``); the log is copied and must still have the content that was
+parsed (sha256). The statistics are computed from the copied logs, so they describe exactly the bundle. The
+folder is written in a temporary folder beside DIR and renamed to DIR when complete; DIR must not exist (an
+empty folder is replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from speedrun.analysis.groups import CodeSplit, Group
+from speedrun.analysis.provenance import sha256
+from speedrun.atomic import write_text
+from speedrun.compare import Comparison, compare_groups, one_group
+from speedrun.errors import SpeedrunError
+from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, group_stats
+
+SIDES = ("baseline", "candidate")
+
+
+def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, target: float = DEFAULT_TARGET,
+                 alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool") -> Path:
+    """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``.
+
+    Returns the folder's path.
+
+    Raises:
+        SpeedrunError: ``out`` exists and is not empty; a side does not resolve to one group; a log named by a
+            parsed-run JSON is missing or changed; two logs of one side share a file name.
+    """
+    final = Path(out)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise SpeedrunError(f"--out {final}: exists and is not an empty folder; choose a new folder")
+    sources = {side: one_group(path, side.upper(), code_split) for side, path in zip(SIDES, (baseline, candidate))}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=final.parent))
+    try:
+        for side, group in sources.items():
+            copy_logs(group, tmp / side)
+        groups = {side: _relative(one_group(str(tmp / side), side.upper(), code_split), tmp, side) for side in SIDES}
+        stats = {side: group_stats(g, target, alpha) for side, g in groups.items()}
+        comparison = compare_groups(groups["baseline"], groups["candidate"], alpha, target)
+        names = {side: Path(sources[side].path).name or side for side in SIDES}
+        _write_texts(tmp, stats, comparison, names, title or f"{names['candidate']} vs {names['baseline']}")
+        tmp.chmod(0o777 & ~_umask())
+        if final.is_dir():
+            final.rmdir()
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def copy_logs(group: Group, dest: Path) -> list[Path]:
+    """Copy the log of every run of ``group`` into ``dest`` (created); return the copies.
+
+    Raises:
+        SpeedrunError: a log is missing, differs from what was parsed, or two logs share a file name.
+    """
+    dest.mkdir(parents=True)
+    copied: dict[str, Path] = {}
+    for run in group.runs:
+        source = Path(run.file)
+        if str(source.resolve()) in copied:
+            continue
+        try:
+            data = source.read_bytes()
+        except OSError as e:
+            raise SpeedrunError(f"{source}: cannot read the training log of run {run.file} ({e.strerror or e}); "
+                                "a bundle needs the logs, not only their parsed .json") from None
+        if run.content_hash and sha256(data) != run.content_hash:
+            raise SpeedrunError(f"{source}: the log changed since it was parsed (sha256 differs from the "
+                                "parsed-run record); parse it again")
+        target = dest / source.name
+        if target.exists():
+            raise SpeedrunError(f"{source}: another log of the {dest.name} runs is also named {source.name}")
+        target.write_bytes(data)
+        copied[str(source.resolve())] = target
+    return list(copied.values())
+
+
+def _relative(group: Group, root: Path, side: str) -> Group:
+    """``group`` with file names relative to the bundle (``baseline/<log>``) instead of the temporary folder."""
+    def rel(path: str | None) -> str | None:
+        return None if path is None else os.path.relpath(path, root)
+
+    runs = tuple(replace(r, file=rel(r.file)) for r in group.runs)
+    return replace(group, name=side, path=side, slug=side, runs=runs, skipped=tuple(map(rel, group.skipped)),
+                   duplicate_of=tuple(map(rel, group.duplicate_of)))
+
+
+def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str) -> None:
+    from speedrun.analysis.bundle_readme import bundle_readme
+    from speedrun.analysis.comparison_tables import vs_baseline_lines
+    from speedrun.analysis.tables import statistics_markdown
+
+    titles = {side: f"{side.capitalize()} ({names[side]})" for side in SIDES}
+    extra = {"baseline": [], "candidate": vs_baseline_lines(c, "baseline", "candidate")}
+    for side in SIDES:
+        write_text(root / side / "statistics.md", statistics_markdown(stats[side], titles[side], extra[side]))
+    write_text(root / "README.md", bundle_readme(title, stats["baseline"], stats["candidate"], c, titles))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", required=True, metavar="PATH",
+                        help="baseline runs: a directory of logs or parsed-run .json files, or one file")
+    parser.add_argument("--candidate", required=True, metavar="PATH", help="candidate runs, as --baseline")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the bundle folder to create (must not exist)")
+    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
+                        help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
+    parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
+    parser.add_argument("--split-code", action="store_true",
+                        help="split a side by code version too (it must then hold one version)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not 0 < args.alpha < 1:
+        raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
+                       title=args.title, code_split="split" if args.split_code else "pool")
+    print(f"bundle written to {out}")
+    return 0

@@ -1,0 +1,148 @@
+"""`speedrun bundle`: the submission folder, its round trip (statistics parse back to the same numbers), the
+scipy snippets it ships, and atomic writing."""
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from speedrun import cli
+from speedrun.analysis.groups import collect_runs
+from speedrun.bundle import build_bundle
+from speedrun.errors import SpeedrunError
+from speedrun.parse import parse_to_files
+from speedrun.stats import compute_stats
+from test_logs import REFERENCE, needs_reference, our_log, write
+from test_stats import close_to_printed, published_rows
+
+HEADER = {"git_commit": "c0ffee" * 6 + "beef", "git_dirty": "false", "train_data_sha256": "ab" * 32,
+          "val_data_sha256": "cd" * 32, "val_tokens": 65536, "compile_s": 3.5}
+
+
+def make_side(root: Path, side: str, finals, lr: float, extra=()) -> Path:
+    """Our logs under root/train/<side>, parsed into root/parse/<side> (the pipeline's layout)."""
+    for seed, final in enumerate(finals):
+        end = "diverged" if final is None else "complete"
+        text, _ = our_log(seed=seed, end=end, losses=[10.8, 9.0, 8.0, 7.5, final or 7.0], step_ms=100.0 + seed + lr,
+                          config={"muon_lr": lr, "compile": False}, header=HEADER)
+        write(root / "train" / side / f"seed{seed}.txt", text)
+    for name in extra:  # byte copies: duplicates
+        shutil.copy(root / "train" / side / "seed0.txt", root / "train" / side / name)
+    for log in sorted((root / "train" / side).iterdir()):
+        parse_to_files(str(log), None, str(root / "parse" / side / f"{log.stem}.json"))
+    return root / "parse" / side
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88, None], 0.05, extra=["seed9-copy.txt"])
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79, 6.83], 0.04)
+    out = tmp_path / "out" / "record"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(out),
+                     "--target", "7", "--title", "Muon lr 0.04"]) == 0
+    return tmp_path, out
+
+
+def test_layout_and_logs_byte_for_byte(bundle):
+    root, out = bundle
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "baseline", "candidate"]
+    for side in ("baseline", "candidate"):
+        logs = sorted(p.name for p in (out / side).iterdir() if p.name != "statistics.md")
+        assert logs == sorted(p.name for p in (root / "train" / side).iterdir())
+        for name in logs:
+            assert (out / side / name).read_bytes() == (root / "train" / side / name).read_bytes()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-")]
+    assert (out / "README.md").read_text().startswith("# Muon lr 0.04\n")
+
+
+def md_rows(text: str, pattern: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if re.match(pattern, line)]
+
+
+def test_statistics_parse_back_to_the_same_numbers(bundle):
+    """The run table of each statistics.md, read back, gives the test line printed under it, and both agree
+    with the statistics of the original logs."""
+    root, out = bundle
+    for side in ("baseline", "candidate"):
+        text = (out / side / "statistics.md").read_text()
+        rows = md_rows(text.split("## Summary")[0], r"^\| seed\d")  # the run table: counted runs only
+        losses = np.array([float(r[1]) for r in rows])
+        times = np.array([float(r[2].removesuffix("ms")) for r in rows]) / 1000
+        res = sps.ttest_1samp(losses, 7.0, alternative="less")
+        line = (f"n={len(losses)} val_loss={losses.mean():.4f}±{losses.std(ddof=1):.4f} t={res.statistic:.3f} "
+                f"p(mean<7)={res.pvalue:.4g} time={times.mean():.2f}±{times.std(ddof=1):.2f}s")
+        assert f"\n    {line}\n" in text
+        [original] = compute_stats([str(root / "parse" / side)], target=7.0)
+        assert original.val_loss.n == len(losses) and original.test.p_value == pytest.approx(res.pvalue, rel=1e-12)
+        [again] = compute_stats([str(out / side)], target=7.0)
+        assert again.to_json()["val_loss_mean"] == original.to_json()["val_loss_mean"]
+    base = (out / "baseline" / "statistics.md").read_text()
+    assert "| seed3 | diverged | 2 |" in base  # the diverged run is listed, not counted
+    assert "| baseline/seed9-copy.txt | baseline/seed0.txt | identical file |" in base
+    assert "| seed0 | 0 | c0ffeec0ff | abababababab | cdcdcdcdcdcd | 65536 | 1 | 4096 | cpu | 3.5 |" in base
+
+
+def test_readme_table_and_snippets(bundle, capsys):
+    root, out = bundle
+    readme = (out / "README.md").read_text()
+    [base_row, cand_row] = md_rows(readme, r"^\| (Baseline|Candidate) \(")
+    groups = {side: compute_stats([str(root / "parse" / side)], target=7.0)[0].to_json()
+              for side in ("baseline", "candidate")}
+    for row, g in ((base_row, groups["baseline"]), (cand_row, groups["candidate"])):
+        assert int(row[1]) == g["n"] and int(row[2]) == 4
+        assert close_to_printed(g["train_time_mean_s"], row[3]) and close_to_printed(g["train_time_std_s"], row[4])
+        assert close_to_printed(g["val_loss_mean"], row[7]) and close_to_printed(g["val_loss_std"], row[8])
+    b = [r["train_time_ms"] / 1000 for r in groups["baseline"]["runs"]
+         if r["status"] == "complete" and r["duplicate_of"] is None]
+    c = [r["train_time_ms"] / 1000 for r in groups["candidate"]["runs"]]
+    welch = sps.ttest_ind(c, b, equal_var=False, alternative="less")
+    assert close_to_printed(np.mean(c) - np.mean(b), cand_row[5]) and float(cand_row[6]) == float(f"{welch.pvalue:.4g}")
+    # every snippet prints the line the README says it prints
+    blocks = re.findall(r"prints `([^`]+)`:\n\n```python\n(.*?)```", readme, re.S)
+    assert len(blocks) == 2
+    for line, code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+        assert capsys.readouterr().out.strip() == line
+    welch_code = readme.split("Welch t-test on train_time (H1: the candidate is faster):\n\n```python\n")[1]
+    exec(compile(welch_code.split("```")[0], "README.md", "exec"), {})
+    assert f"    {capsys.readouterr().out.strip()}\n" in readme
+    assert "| validation tokens | note |" in readme and "VIOLATION" not in readme
+
+
+def test_out_must_be_new_and_failures_leave_nothing(tmp_path):
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79], 0.04)
+    taken = write(tmp_path / "taken" / "keep.txt", "mine\n").parent
+    with pytest.raises(SpeedrunError, match="exists and is not an empty folder"):
+        build_bundle(str(base), str(cand), taken)
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    assert build_bundle(str(base), str(cand), tmp_path / "empty", target=7.0).joinpath("README.md").is_file()
+    (tmp_path / "train" / "candidate" / "seed1.txt").write_text("edited after parsing\n")
+    with pytest.raises(SpeedrunError, match="changed since it was parsed"):
+        build_bundle(str(base), str(cand), tmp_path / "new", target=7.0)
+    assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+@needs_reference
+def test_reference_bundle_reproduces_the_published_rows(tmp_path):
+    folder = REFERENCE / "2026-05-20_BigramsSignTrick"
+    out = build_bundle(str(folder / "baseline"), str(folder / "pr299"), tmp_path / "bundle")
+    readme = (out / "README.md").read_text()
+    published = dict(published_rows())
+    for side, directory in (("Baseline", "baseline"), ("Candidate", "pr299")):
+        [row] = md_rows(readme, rf"^\| {side} \({directory}\)")
+        n, steps, mean, std, p, time_mean, time_std = published[f"2026-05-20_BigramsSignTrick/{directory}"]
+        assert (row[1], row[2]) == (n, steps)
+        assert abs(float(row[3]) - float(time_mean)) <= 1e-4 and abs(float(row[4]) - float(time_std)) <= 1e-4
+        assert abs(float(row[10].split()[0]) - float(p)) <= 0.5e-4
+        assert len(collect_runs([str(out / directory.replace("pr299", "candidate"))])[0].counted) == int(n)
+    published_md = (folder / "pr299" / "statistics.md").read_text()
+    ours = (out / "candidate" / "statistics.md").read_text()
+    for line in published_md.splitlines():
+        if re.match(r"^\| (val_loss mean|train_time mean \(ms\)) \|", line):
+            cells = line.split("|")[2:]
+            assert "|" + "|".join(cells) in ours, line

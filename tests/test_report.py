@@ -1,0 +1,161 @@
+"""The report stage: tables from the earlier stages' files, and the plots."""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speedrun import report
+from speedrun.analysis.report_plots import val_loss_bands
+from speedrun.errors import SpeedrunError
+from speedrun.report import (counted, load_runs, plot_distributions, plot_final_val_loss, plot_p_value_by_n,
+                             plot_val_loss, plot_val_loss_band, read_records, render_summary)
+
+
+def _write_run(folder, seed, status, losses, final=None, time_ms=None, **provenance):
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": 10 * i, "total_steps": 10 * (len(losses) - 1), "kind": "val", "train_loss": None,
+             "val_loss": loss, "train_time_ms": 100.0 * i, "step_avg_ms": 10.0} for i, loss in enumerate(losses)]
+    pd.DataFrame(rows).to_csv(folder / f"seed{seed}.csv", index=False)
+    record = {"file": f"{folder.name}/seed{seed}.txt", "status": status, "seed": seed,
+              "steps": 10 * (len(losses) - 1), "val_loss": final, "train_time_ms": time_ms, **provenance}
+    path = folder / f"seed{seed}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.fixture
+def paths(tmp_path):
+    prov = {"git_commit": "0123456789abcdef", "git_dirty": True, "train_data_sha256": "ab" * 32,
+            "versions": {"python": "3.11.7", "torch": "2.5.0"}}
+    return [
+        _write_run(tmp_path / "baseline", 0, "complete", [10.8, 7.0, 6.1], 6.1, 61000.0, **prov),
+        _write_run(tmp_path / "baseline", 1, "complete", [10.8, 7.1, 6.3], 6.3, 63000.0, **prov),
+        _write_run(tmp_path / "baseline", 2, "complete", [10.8, 7.0, 6.1], 6.1, 61500.0, **prov),
+        _write_run(tmp_path / "candidate", 0, "complete", [10.8, 6.8, 5.9], 5.9, 60000.0),
+        _write_run(tmp_path / "candidate", 1, "diverged", [10.8, float("nan")], None, None),
+    ]
+
+
+@pytest.fixture
+def runs(paths):
+    return load_runs(paths)
+
+
+def test_load_runs_takes_variant_from_folder_and_seconds_from_ms(runs):
+    table, curves = runs
+    assert list(table["variant"]) == ["baseline"] * 3 + ["candidate"] * 2
+    assert table.loc[0, "train_time_s"] == pytest.approx(61.0)
+    assert list(table["status"]) == ["complete"] * 4 + ["diverged"]
+    assert len(curves) == 3 * 4 + 2
+    assert set(curves.columns) >= {"variant", "seed", "step", "val_loss", "run"}
+    assert list(curves.loc[curves["run"] == 4, "seed"]) == [1, 1]
+
+
+def test_missing_or_bad_metrics_file_is_named(tmp_path):
+    path = _write_run(tmp_path / "v", 0, "complete", [1.0, 0.5], 0.5, 1.0)
+    (tmp_path / "v" / "seed0.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(SpeedrunError, match="seed0.csv: lacks column"):
+        load_runs([path])
+    (tmp_path / "v" / "seed0.csv").unlink()
+    with pytest.raises(SpeedrunError, match="seed0.csv"):
+        load_runs([path])
+
+
+SUMMARY = [
+    {"group": "baseline", "path": "baseline", "n": 3, "steps": 20, "val_loss_mean": 6.2, "val_loss_std": 0.1414,
+     "p_value": 0.0032, "p_value_note": None, "reaches_target": True, "runs_needed": 3, "runs_for_power": 4,
+     "power": 0.8, "train_time_mean_s": 62.0, "train_time_std_s": 1.41, "warnings": ["seed 0 appears in 2 runs"],
+     "duplicates": {"baseline/seed2.txt": "baseline/seed0.txt"},
+     "p_value_by_n": {"n": [2, 3, 4, 5], "p": [0.2, 0.0032, 0.001, 0.0004]}},
+    {"group": "candidate", "path": "candidate", "n": 1, "steps": 20, "val_loss_mean": 5.9, "val_loss_std": None,
+     "p_value": None, "p_value_note": "n=1: a t-test needs at least 2 complete runs per sample",
+     "reaches_target": None, "runs_needed": None, "train_time_mean_s": 60.0, "train_time_std_s": None},
+]
+COMPARISON = {"candidate": "candidate", "baseline": "baseline", "n_baseline": 3, "n_candidate": 1,
+              "val_loss": {"difference": -0.3, "ci_low": -0.5, "ci_high": -0.1, "p_value": 0.02},
+              "train_time": {"difference": -2.0, "ci_low": -4.0, "ci_high": 0.0, "p_value": 0.04},
+              "speedup": {"seconds": 2.0, "percent": 3.2},
+              "rules": [{"rule": "train data", "status": "unknown", "detail": "not recorded"},
+                        {"rule": "GPUs", "status": "violation", "detail": "GPU model and count differs"}],
+              "warnings": ["rule violated: GPUs: GPU model and count differs"]}
+
+
+def test_summary_lists_warnings_verdicts_rules_runs_and_provenance(runs, paths):
+    table, _ = runs
+    text = render_summary(SUMMARY, [COMPARISON], table, "baseline", 6.5, 0.01, read_records(paths))
+    warnings = text.split("## Warnings", 1)[1].split("## Variants", 1)[0]
+    assert "- candidate vs baseline: rule violated: GPUs: GPU model and count differs" in warnings
+    assert "- baseline: seed 0 appears in 2 runs" in warnings
+    assert "| baseline | 3 | 20 | 6.2000 | 0.1414 | 0.0032 | yes | 3 / 4 | 62.00 | 1.41 |" in text
+    note = "n=1: a t-test needs at least 2 complete runs per sample"
+    assert f"| candidate | 1 | 20 | 5.9000 | – | – ({note}) | – | – |" in text
+    assert "-0.3000 [-0.5000, -0.1000]" in text and "| **1 violated** |" in text
+    assert "| GPUs | **VIOLATION** | GPU model and count differs |" in text
+    assert "candidate seed 1 (diverged)" in text and "**1 incomplete run(s)**" in text
+    provenance = text.split("## Provenance", 1)[1]
+    assert "| baseline seed0 | 0 | 0123456789+dirty | abababababab | 3.11.7 | 2.5.0 |" in provenance
+    assert "| candidate seed0 | 0 | – | – | – | – |" in provenance
+
+
+def test_summary_from_older_files_without_new_keys(runs):
+    table, _ = runs
+    old = [{k: v for k, v in g.items() if k in ("group", "n", "steps", "val_loss_mean", "val_loss_std", "p_value",
+                                                "train_time_mean_s", "train_time_std_s")} for g in SUMMARY]
+    text = render_summary(old, [], table, "baseline", 6.5, 0.01)
+    assert "| baseline | 3 | 20 | 6.2000 | 0.1414 | 0.0032 | yes | – |" in text
+    assert "## Provenance" not in text and "No candidate variant is configured." in text
+
+
+def test_counted_drops_incomplete_runs_and_duplicates(runs):
+    table, _ = runs
+    assert list(counted(table, SUMMARY)) == [True, True, False, True, False]
+
+
+def test_val_loss_bands_against_numpy(runs):
+    table, curves = runs
+    bands = val_loss_bands(curves[curves["run"].map(counted(table, SUMMARY))])
+    base = bands[bands["variant"] == "baseline"].set_index("step")
+    assert list(base["n"]) == [2, 2, 2]
+    assert base.loc[20, "mean"] == pytest.approx(np.mean([6.1, 6.3]))
+    assert base.loc[20, "std"] == pytest.approx(np.std([6.1, 6.3], ddof=1))
+    assert (base.loc[10, "min"], base.loc[10, "max"]) == (7.0, 7.1)
+    cand = bands[bands["variant"] == "candidate"]
+    assert list(cand["n"]) == [1, 1, 1] and math.isnan(cand["std"].iloc[0])
+    assert list(bands["variant"]) == ["baseline"] * 3 + ["candidate"] * 3
+
+
+def png_ok(path):
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_plots_are_png_files(runs, tmp_path):
+    table, curves = runs
+    mask = counted(table, SUMMARY)
+    plot_val_loss(curves, tmp_path / "a.png", target=6.5, zoom_last_fraction=0.5)
+    plot_final_val_loss(table, tmp_path / "b.png", target=6.5)
+    plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), tmp_path / "c.png", 6.5, 0.5)
+    plot_distributions(table[mask], tmp_path / "d.png", target=6.5)
+    plot_p_value_by_n(SUMMARY, tmp_path / "e.png", alpha=0.01)
+    plot_p_value_by_n(SUMMARY[1:], tmp_path / "f.png", alpha=0.01)  # no group with a curve: a labelled empty plot
+    for name in "abcdef":
+        assert png_ok(tmp_path / f"{name}.png"), name
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_main_writes_every_output(paths, tmp_path, capsys):
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    (tmp_path / "cmp.json").write_text(json.dumps(COMPARISON))
+    out = tmp_path / "report"
+    args = argparse.Namespace(runs=[str(p) for p in paths], summary=str(tmp_path / "summary.json"),
+                              comparisons=[str(tmp_path / "cmp.json")], baseline="baseline", target=6.5,
+                              alpha=0.01, zoom_last_fraction=0.5, out_dir=str(out))
+    assert report.main(args) == 0
+    for name in ("val_loss.png", "val_loss_band.png", "final_val_loss.png", "distributions.png", "p_value_by_n.png"):
+        assert png_ok(out / name), name
+    assert len(pd.read_csv(out / "runs.csv")) == 5
+    assert "## Provenance" in (out / "summary.md").read_text()
