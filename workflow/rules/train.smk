@@ -19,5 +19,5 @@ rule train:
     shell:
         "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node={params.nproc} "
         "--no-python speedrun train --config {params.config:q} --variant {wildcards.variant} "
-        "--seed {wildcards.seed} --shards-dir {input.shards} --bos-dir {input.bos} --log {output} "
+        "--seed {wildcards.seed} --shards-dir {input.shards} --bos-dir {input.bos} --out {output} "
         "> {log} 2>&1"
