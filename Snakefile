@@ -14,6 +14,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/download.smk"
 include: "workflow/rules/corpus.smk"
 include: "workflow/rules/tokenize.smk"
 include: "workflow/rules/bos_index.smk"

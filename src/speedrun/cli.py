@@ -18,6 +18,7 @@ from speedrun.errors import SpeedrunError
 
 # subcommand -> (module, one-line help). Order is the pipeline's order.
 STAGES: dict[str, tuple[str, str]] = {
+    "download": ("speedrun.download", "fetch one file of a Hugging Face dataset (FineWeb parquet or shard), checked"),
     "corpus": ("speedrun.corpus", "write the embedded corpus as documents (parquet, a `text` column)"),
     "tokenize": ("speedrun.tokenize", "GPT-2 tokenize documents into .bin shards (validation shard first)"),
     "bos-index": ("speedrun.bos_index", "write the BOS (token 50256) positions of every shard"),

@@ -1,65 +1,56 @@
 """Stage ``speedrun tokenize``: GPT-2 tokenize documents into ``.bin`` shards plus ``manifest.json``.
 
 Follows modded-nanogpt ``data/fineweb.py`` (speedrun-spec.md section 1.2; docs/formats.md): every
-document becomes ``[50256] + encode_ordinary(text)``; documents are concatenated in row order; a shard
+document becomes ``[50256] + encode_ordinary(text)``; documents are concatenated in dataset order; a shard
 is flushed when it holds exactly ``shard_tokens`` tokens and a document that overflows continues in the
 next shard. Shard 0 is the validation shard, shards 1.. are training shards; only the last shard may
-be shorter. The ``text`` column is streamed in record batches (never the whole file in memory) and each
-batch is tokenized with ``encode_ordinary_batch`` on ``threads`` threads; the bytes written do not
-depend on the thread count. The output directory is written as a whole, atomically.
+be shorter. Given the same documents in the same order, the shards are byte-identical to that script's.
+
+Three ways in, one way out (a shard folder written as a whole, atomically):
+
+- ``--documents F...`` (parquet, JSON Lines or text files, :mod:`speedrun.data.documents`): streamed
+  batch by batch and encoded on ``--threads`` worker processes (:class:`~speedrun.data.encode.EncoderPool`),
+  in order, so the bytes do not depend on the worker count;
+- ``--documents F --out-stream S``: one input file becomes one token stream ``S`` (the shard format, uncut),
+  so a large dataset is tokenized in one job per file and an interrupted run resumes at file granularity;
+  ``--streams S...`` then cuts the streams, in order, into shards;
+- ``--pretokenized F...``: shards made elsewhere (``kjj0/fineweb10B-gpt2``), checked and linked in
+  (:mod:`speedrun.data.pretokenized`).
+
+A failed write (a full disk) raises :class:`SpeedrunError` naming the output; nothing half written remains.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from speedrun.atomic import write_json
+from speedrun.atomic import atomic_path, write_json
 from speedrun.data.dataset import MANIFEST, atomic_directory
-from speedrun.data.shards import BOS_ID, sha256_file, shard_filename, write_shard
-from speedrun.data.tokenizer import gpt2_encoding
+from speedrun.data.documents import iter_text_batches
+from speedrun.data.encode import EncoderPool
+from speedrun.data.pretokenized import add_pretokenized
+from speedrun.data.shards import (
+    BOS_ID,
+    HEADER_INTS,
+    MAGIC,
+    VERSION,
+    load_shard,
+    sha256_file,
+    shard_filename,
+    write_shard,
+)
 from speedrun.errors import SpeedrunError
 
 TOKENIZER = "gpt2 (tiktoken, encode_ordinary, BOS 50256)"
-ROWS_PER_BATCH = 1024
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def iter_texts(path: Path, rows_per_batch: int = ROWS_PER_BATCH) -> Iterator[list[str]]:
-    """The ``text`` column of the parquet file ``path``, ``rows_per_batch`` rows at a time.
-
-    Raises :class:`SpeedrunError` when the file is missing or not parquet, has no string ``text``
-    column (the columns found are named), or a text is null or empty (the row is named).
-    """
-    if not path.is_file():
-        raise SpeedrunError(f"{path}: documents file not found")
-    try:
-        parquet = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise SpeedrunError(f"{path}: not a readable parquet file ({e})") from None
-    schema = parquet.schema_arrow
-    if "text" not in schema.names:
-        raise SpeedrunError(f"{path}: no 'text' column; the columns are {schema.names}")
-    text_type = schema.field("text").type
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
-        raise SpeedrunError(f"{path}: column 'text' must hold strings, found {text_type}")
-    row = 0
-    for batch in parquet.iter_batches(batch_size=rows_per_batch, columns=["text"]):
-        texts = batch.column(0).to_pylist()
-        for offset, text in enumerate(texts):
-            if not text:
-                what = "null" if text is None else "empty"
-                raise SpeedrunError(
-                    f"{path}: the text of row {row + offset} is {what}; every document needs a text"
-                )
-        row += len(texts)
-        yield texts
+_MAX_STREAM_TOKENS = np.iinfo(np.int32).max
 
 
 class ShardWriter:
@@ -99,34 +90,127 @@ class ShardWriter:
         self.filled = 0
 
 
-def encode_batch(texts: list[str], threads: int) -> np.ndarray:
-    """``[50256] + encode_ordinary(text)`` of every text, concatenated: (n,) uint16."""
-    flat: list[int] = []
-    for ids in gpt2_encoding().encode_ordinary_batch(texts, num_threads=threads):
-        flat.append(BOS_ID)
-        flat.extend(ids)
-    return np.array(flat, dtype=np.uint16)
+@contextlib.contextmanager
+def _writing(target: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``target`` (a full disk, a permission) into a SpeedrunError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise SpeedrunError(f"{target}: writing failed ({e.strerror or e})") from None
 
 
-def tokenize_documents(documents: str | Path, dataset: str, shard_tokens: int, out_dir: str | Path,
-                       threads: int = 1) -> dict[str, Any]:
-    """Tokenize the ``text`` column of ``documents`` (parquet) into the shards of ``out_dir``.
+class _Counter:
+    """Passes batches of texts through, counting the documents."""
 
-    Writes ``{dataset}_val_000000.bin``, ``{dataset}_train_000001.bin``, ... and ``manifest.json``
-    (docs/formats.md) into ``out_dir`` as a whole, atomically; returns the manifest. Raises
-    :class:`SpeedrunError` on a bad file or column (see :func:`iter_texts`), a bad ``dataset`` name or
-    ``shard_tokens``, no document, or fewer tokens than a validation shard plus one train token.
+    def __init__(self, batches: Iterable[list[str]]):
+        self.batches, self.documents = batches, 0
+
+    def __iter__(self) -> Iterator[list[str]]:
+        for batch in self.batches:
+            self.documents += len(batch)
+            yield batch
+
+
+def _document_batches(documents: Sequence[Path], text_column: str) -> Iterator[list[str]]:
+    for path in documents:
+        yield from iter_text_batches(path, text_column)
+
+
+def _paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    return [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+
+
+def tokenize_documents(documents: str | Path | Sequence[str | Path], dataset: str, shard_tokens: int,
+                       out_dir: str | Path, threads: int = 1, text_column: str = "text") -> dict[str, Any]:
+    """Tokenize the documents of one or more files, in order, into the shards of ``out_dir``.
+
+    ``threads`` worker processes encode; ``text_column`` names the parquet column or JSON field. Writes
+    ``{dataset}_val_000000.bin``, ``{dataset}_train_000001.bin``, ... and ``manifest.json`` (docs/formats.md)
+    into ``out_dir`` as a whole, atomically; returns the manifest. Raises :class:`SpeedrunError` on a bad file,
+    column or document (:mod:`speedrun.data.documents`), a bad ``dataset``, ``shard_tokens`` or ``threads``,
+    no document, fewer tokens than a validation shard plus one train token, or a failed write.
     """
-    documents, out_dir = Path(documents), Path(out_dir)
+    documents, out_dir = _paths(documents), Path(out_dir)
     _check_arguments(dataset, shard_tokens, threads)
-    with atomic_directory(out_dir) as tmp:
+    with EncoderPool(threads) as pool, _writing(out_dir), atomic_directory(out_dir) as tmp:
         writer = ShardWriter(tmp, dataset, shard_tokens)
-        count = 0
-        for texts in iter_texts(documents):
-            writer.add(encode_batch(texts, threads))
-            count += len(texts)
+        counter = _Counter(_document_batches(documents, text_column))
+        for tokens in pool.map(counter):
+            writer.add(tokens)
         writer.close()
-        manifest = _manifest(documents, dataset, shard_tokens, count, writer.entries)
+        manifest = _manifest(", ".join(map(str, documents)), dataset, shard_tokens, counter.documents,
+                             writer.entries)
+        write_json(tmp / MANIFEST, manifest)
+    return manifest
+
+
+def tokenize_to_stream(documents: str | Path, out: str | Path, threads: int = 1,
+                       text_column: str = "text") -> tuple[int, int]:
+    """Encode every document of one file, in order, into the token stream ``out``; return (documents, tokens).
+
+    The stream is a shard file (docs/formats.md header, uint16 tokens) holding the whole file's tokens,
+    uncut, written atomically. Raises :class:`SpeedrunError` as :func:`tokenize_documents` does, and when the
+    file has no document or more than 2**31 - 1 tokens (the header's int32 count).
+    """
+    documents, out = Path(documents), Path(out)
+    _check_arguments("stream", 1, threads)
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    with EncoderPool(threads) as pool, _writing(out), atomic_path(out) as tmp, open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        counter, total = _Counter(iter_text_batches(documents, text_column)), 0
+        for tokens in pool.map(counter):
+            f.write(tokens.astype("<u2", copy=False).data)
+            total += len(tokens)
+        if counter.documents == 0:
+            raise SpeedrunError(f"{documents}: no documents")
+        if total > _MAX_STREAM_TOKENS:
+            raise SpeedrunError(f"{documents}: {total} tokens exceed a stream's int32 count; split the file")
+        header[:3] = MAGIC, VERSION, total
+        f.seek(0)
+        f.write(header.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    return counter.documents, total
+
+
+def shard_streams(streams: Sequence[str | Path], dataset: str, shard_tokens: int,
+                  out_dir: str | Path) -> dict[str, Any]:
+    """Cut token streams (:func:`tokenize_to_stream`), concatenated in order, into the shards of ``out_dir``.
+
+    The result is byte for byte what :func:`tokenize_documents` makes of the same files. Raises
+    :class:`SpeedrunError` for a bad stream header (the file is named) and as :func:`tokenize_documents`.
+    """
+    streams, out_dir = _paths(streams), Path(out_dir)
+    _check_arguments(dataset, shard_tokens, 1)
+    with _writing(out_dir), atomic_directory(out_dir) as tmp:
+        writer, documents = ShardWriter(tmp, dataset, shard_tokens), 0
+        for path in streams:
+            tokens = load_shard(path)
+            if len(tokens) == 0 or int(tokens[0]) != BOS_ID:
+                raise SpeedrunError(f"{path}: a token stream must start with a document (token {BOS_ID})")
+            documents += int(np.count_nonzero(tokens == BOS_ID))
+            writer.add(tokens)
+        writer.close()
+        manifest = _manifest(", ".join(map(str, streams)), dataset, shard_tokens, documents, writer.entries)
+        write_json(tmp / MANIFEST, manifest)
+    return manifest
+
+
+def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str | Path) -> dict[str, Any]:
+    """Take pre-tokenized shards (validation first) as the dataset ``dataset`` in ``out_dir``, with a manifest.
+
+    ``shard_tokens`` in the manifest is the largest shard's token count. Raises :class:`SpeedrunError` for a
+    bad order, header, size or token id (:mod:`speedrun.data.pretokenized`).
+    """
+    shards, out_dir = _paths(shards), Path(out_dir)
+    _check_arguments(dataset, 1, 1)
+    with _writing(out_dir), atomic_directory(out_dir) as tmp:
+        entries = add_pretokenized(shards, dataset, tmp)
+        documents = sum(entry["documents"] for entry in entries)
+        shard_entries = [{k: v for k, v in entry.items() if k != "documents"} for entry in entries]
+        manifest = {"dataset": dataset, "shard_tokens": max(e["tokens"] for e in entries),
+                    "total_tokens": sum(e["tokens"] for e in entries), "documents": documents,
+                    "tokenizer": f"{TOKENIZER}, pre-tokenized", "shards": shard_entries}
         write_json(tmp / MANIFEST, manifest)
     return manifest
 
@@ -140,7 +224,7 @@ def _check_arguments(dataset: str, shard_tokens: int, threads: int) -> None:
         raise SpeedrunError(f"threads must be >= 1, got {threads}")
 
 
-def _manifest(documents: Path, dataset: str, shard_tokens: int, count: int,
+def _manifest(documents: str, dataset: str, shard_tokens: int, count: int,
               entries: list[dict[str, Any]]) -> dict[str, Any]:
     if count == 0:
         raise SpeedrunError(f"{documents}: no documents")
@@ -156,16 +240,36 @@ def _manifest(documents: Path, dataset: str, shard_tokens: int, count: int,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--documents", type=Path, required=True, help="documents.parquet (a text column)")
-    parser.add_argument("--dataset", required=True, help="dataset name: the shard file prefix")
-    parser.add_argument("--shard-tokens", type=int, required=True, help="tokens per shard")
-    parser.add_argument("--out-dir", type=Path, required=True, help="directory of shards to write")
-    parser.add_argument("--threads", type=int, default=1, help="tokenizer threads (default 1)")
+    inputs = parser.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--documents", type=Path, nargs="+", help="documents files (.parquet, .jsonl, .txt), in order")
+    inputs.add_argument("--streams", type=Path, nargs="+", help="token streams of --out-stream, in order")
+    inputs.add_argument("--pretokenized", type=Path, nargs="+",
+                        help="shards made elsewhere (e.g. kjj0/fineweb10B-gpt2), the validation shard first")
+    outputs = parser.add_mutually_exclusive_group(required=True)
+    outputs.add_argument("--out-dir", type=Path, help="directory of shards (and manifest.json) to write")
+    outputs.add_argument("--out-stream", type=Path, help="with one --documents file: its token stream to write")
+    parser.add_argument("--dataset", help="dataset name: the shard file prefix (with --out-dir)")
+    parser.add_argument("--shard-tokens", type=int, help="tokens per shard (with --documents/--streams --out-dir)")
+    parser.add_argument("--text-column", default="text", help="parquet column or JSON field of the text")
+    parser.add_argument("--threads", type=int, default=1, help="worker processes that encode (default 1)")
 
 
 def main(args: argparse.Namespace) -> int:
-    manifest = tokenize_documents(args.documents, args.dataset, args.shard_tokens, args.out_dir,
-                                  args.threads)
+    if args.out_stream is not None:
+        if args.documents is None or len(args.documents) != 1:
+            raise SpeedrunError("--out-stream needs exactly one --documents file")
+        count, tokens = tokenize_to_stream(args.documents[0], args.out_stream, args.threads, args.text_column)
+        print(f"wrote {tokens} tokens of {count} documents of {args.documents[0]} to {args.out_stream}")
+        return 0
+    if args.dataset is None or (args.shard_tokens is None and args.pretokenized is None):
+        raise SpeedrunError("--out-dir needs --dataset (and --shard-tokens unless --pretokenized)")
+    if args.documents is not None:
+        manifest = tokenize_documents(args.documents, args.dataset, args.shard_tokens, args.out_dir,
+                                      args.threads, args.text_column)
+    elif args.streams is not None:
+        manifest = shard_streams(args.streams, args.dataset, args.shard_tokens, args.out_dir)
+    else:
+        manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir)
     print(f"wrote {len(manifest['shards'])} shards, {manifest['total_tokens']} tokens of "
           f"{manifest['documents']} documents to {args.out_dir}")
     return 0

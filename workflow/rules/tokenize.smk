@@ -1,17 +1,95 @@
-# Stage 2: GPT-2 tokenization into .bin shards (validation shard first) with a manifest.
+# Stage 2: GPT-2 tokenization into .bin shards (validation shard first) with a manifest, by data.source:
+#   embedded      the corpus stage's documents.parquet, in one job;
+#   fineweb/files one `tokenize_file` job per input file writes that file's token stream (an interrupted run
+#                 resumes at file granularity), then `tokenize` cuts the streams, in order, into shards;
+#   fineweb-gpt2  the downloaded shards (download.smk), checked and linked in as they are.
+# Both ways give the bytes modded-nanogpt's data/fineweb.py gives for the same documents in the same order.
+import glob
+
+
+def get_document_files():
+    """The input files of the `fineweb` and `files` sources, in dataset order ([] for the others)."""
+    source = config["data"]["source"]
+    if source == "fineweb":
+        return get_downloaded_files()
+    if source != "files":
+        return []
+    files = []
+    for pattern in config["data"]["files"]["paths"]:
+        files.extend(f for f in sorted(glob.glob(pattern, recursive=True)) if f not in files)
+    if not files:
+        raise ValueError(f"config.yaml: data.files.paths {config['data']['files']['paths']} match no file")
+    return files
+
+
+def get_document_file(wildcards):
+    files = get_document_files()
+    index = int(wildcards.part)
+    if index >= len(files):
+        raise ValueError(f"token stream {wildcards.part}: data.source {config['data']['source']!r} has "
+                         f"{len(files)} input files")
+    return files[index]
+
+
+def get_text_column(wildcards):
+    return config["data"]["files"]["text_column"] if config["data"]["source"] == "files" else "text"
+
+
+def get_tokenize_input(wildcards):
+    """What the `tokenize` job reads: documents.parquet, the token streams or the pre-tokenized shards."""
+    source = config["data"]["source"]
+    if source == "fineweb-gpt2":
+        return get_downloaded_files()
+    if source in ("fineweb", "files"):
+        count = len(get_document_files())
+        return [f"results/tokens/{wildcards.dataset}/{part:05d}.bin" for part in range(count)]
+    return [f"results/corpus/{wildcards.dataset}/documents.parquet"]
+
+
+def get_tokenize_mode(wildcards):
+    source = config["data"]["source"]
+    return {"fineweb-gpt2": "--pretokenized", "fineweb": "--streams", "files": "--streams"}.get(
+        source, "--documents"
+    )
+
+
+def get_tokenize_threads(wildcards):
+    """Encoding uses every core; cutting streams or linking shards is one pass on one core."""
+    return workflow.cores if get_tokenize_mode(wildcards) == "--documents" else 1
+
+
+rule tokenize_file:
+    output:
+        temp("results/tokens/{dataset}/{part}.bin"),
+    input:
+        documents=get_document_file,
+        code=code("speedrun.tokenize"),
+    wildcard_constraints:
+        part=r"\d{5}",
+    params:
+        text_column=get_text_column,
+    threads: workflow.cores
+    log:
+        "logs/tokenize/{dataset}/{part}.log",
+    shell:
+        "speedrun tokenize --documents {input.documents:q} --text-column {params.text_column:q} "
+        "--threads {threads} --out-stream {output:q} > {log} 2>&1"
 
 
 rule tokenize:
     output:
         directory("results/shards/{dataset}"),
     input:
-        documents=rules.corpus.output[0],
+        data=get_tokenize_input,
         code=code("speedrun.tokenize"),
     params:
+        mode=get_tokenize_mode,
         shard_tokens=config["data"]["shard_tokens"],
-    threads: workflow.cores
+        text_column=get_text_column,
+    threads: get_tokenize_threads
     log:
         "logs/tokenize/{dataset}.log",
     shell:
-        "speedrun tokenize --documents {input.documents} --dataset {wildcards.dataset} "
-        "--shard-tokens {params.shard_tokens} --threads {threads} --out-dir {output} > {log} 2>&1"
+        "speedrun tokenize {params.mode} {input.data:q} --text-column {params.text_column:q} "
+        "--dataset {wildcards.dataset} --shard-tokens {params.shard_tokens} --threads {threads} "
+        "--out-dir {output} > {log} 2>&1"

@@ -1,0 +1,246 @@
+"""Stage ``speedrun download``: one file of a Hugging Face dataset, checked, to a local path.
+
+FineWeb comes in two forms (speedrun-spec.md section 1.2, shared/docs/offline-data.md): the raw parquet files
+of ``HuggingFaceFW/fineweb`` (config ``sample-10BT``: ``sample/10BT/000_00000.parquet`` ...
+``014_00000.parquet``) and the pre-tokenized GPT-2 shards of ``kjj0/fineweb10B-gpt2``
+(``fineweb_val_000000.bin``, ``fineweb_train_000001.bin`` ...) that modded-nanogpt's
+``data/cached_fineweb10B.py`` fetches. The workflow runs one ``speedrun download`` job per remote file, so
+files download in parallel and a finished file is never fetched again.
+
+A download goes through ``huggingface_hub`` (``hf_hub_download``, ``repo_type="dataset"``):
+
+1. ``HEAD`` of the file at the configured revision gives the commit, the size and the ETag (for an LFS file,
+   ``X-Linked-Etag`` is its sha256; for a small git file, its git blob sha1).
+2. The file is downloaded, pinned to that commit, into a staging folder beside the output
+   (``.{name}.download/``). ``huggingface_hub`` resumes a body cut short within the call (HTTP ``Range``);
+   a download that still fails is redone on the next attempt, never taken as complete.
+3. Its size and hash are checked against the Hub's (and ``--expected-size``/``--sha256`` when given);
+   only then is it renamed to the output path and the staging folder removed.
+
+429, 408 and 5xx answers and connection errors are retried with exponential backoff, honoring
+``Retry-After`` (:class:`RetryPolicy`); a missing repository, revision or file, a gated repository, or a
+failed check is a :class:`~speedrun.errors.SpeedrunError` naming the repository, revision and file.
+``HF_TOKEN`` is sent when set; ``HF_ENDPOINT`` (read by ``huggingface_hub`` at import) selects the Hub.
+``huggingface_hub`` is imported inside the functions that use it, so that planning code which only needs the
+file names never loads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from speedrun.errors import SpeedrunError
+from speedrun.hub import RetryPolicy, list_remote_files, with_retries
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_FINEWEB_CONFIG = re.compile(r"^sample-(\d+BT)$")
+_HASH_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a dataset repository on the Hub: ``repo`` (``owner/name``), ``revision`` (branch, tag or
+    commit) and ``path`` in the repo. ``endpoint`` None means ``HF_ENDPOINT`` (default huggingface.co)."""
+
+    repo: str
+    revision: str
+    path: str
+    endpoint: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path} of dataset {self.repo} at revision {self.revision}"
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    """A finished download: where it lies, the commit it came from, its size (bytes) and sha256."""
+
+    path: Path
+    commit: str
+    size: int
+    sha256: str
+
+
+# ---- file names of the two FineWeb forms -------------------------------------------------------------
+
+
+def repo_slug(repo: str) -> str:
+    """``owner--name`` for ``owner/name``: the folder of a repository's files under results/download/.
+
+    Raises :class:`SpeedrunError` unless ``repo`` is ``owner/name``.
+    """
+    owner, slash, name = repo.partition("/")
+    if not (owner and slash and name) or "/" in name or "--" in repo:
+        raise SpeedrunError(f"dataset repository {repo!r}: expected 'owner/name' (e.g. kjj0/fineweb10B-gpt2)")
+    return f"{owner}--{name}"
+
+
+def fineweb_parquet_files(config_name: str, count: int) -> list[str]:
+    """The first ``count`` parquet files of a FineWeb sample config, in dataset order.
+
+    ``sample-10BT`` -> ``sample/10BT/000_00000.parquet`` ... (15 files in that config). Raises
+    :class:`SpeedrunError` for another config name or ``count < 1``.
+    """
+    match = _FINEWEB_CONFIG.match(config_name)
+    if match is None:
+        raise SpeedrunError(f"FineWeb config {config_name!r}: expected a sample config such as 'sample-10BT'")
+    if count < 1:
+        raise SpeedrunError(f"number of FineWeb parquet files is {count}; expected at least 1")
+    return [f"sample/{match.group(1)}/{i:03d}_00000.parquet" for i in range(count)]
+
+
+def pretokenized_shard_files(train_shards: int, prefix: str = "fineweb") -> list[str]:
+    """``fineweb_val_000000.bin`` then ``fineweb_train_000001.bin`` ... ``_{train_shards:06d}.bin``.
+
+    The names of ``kjj0/fineweb10B-gpt2`` (104 files of 100M tokens: val + 103 train). Raises
+    :class:`SpeedrunError` for ``train_shards < 1``.
+    """
+    if train_shards < 1:
+        raise SpeedrunError(f"number of train shards is {train_shards}; expected at least 1")
+    return [f"{prefix}_val_000000.bin"] + [f"{prefix}_train_{i:06d}.bin" for i in range(1, train_shards + 1)]
+
+
+# ---- downloading -----------------------------------------------------------------------------------
+
+
+def file_hashes(path: Path) -> tuple[str, str]:
+    """``(sha256, git blob sha1)`` of the file at ``path``, in one pass."""
+    sha256, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            sha256.update(chunk)
+            git.update(chunk)
+    return sha256.hexdigest(), git.hexdigest()
+
+
+def _verify(staged: Path, remote: HubFile, hub_size: int | None, etag: str,
+            expected_size: int | None, expected_sha256: str | None) -> str:
+    """Check the staged download against the Hub's size and hash and the caller's; return its sha256."""
+    size = staged.stat().st_size
+    for source, wanted in (("the Hub's", hub_size), ("the expected", expected_size)):
+        if wanted is not None and size != wanted:
+            raise SpeedrunError(f"{remote}: downloaded {size} bytes but {source} size is {wanted} bytes")
+    sha256, git_sha1 = file_hashes(staged)
+    checks = [("--sha256", expected_sha256.lower() if expected_sha256 else None, sha256),
+              ("the Hub's sha256 (LFS ETag)", etag if _SHA256.match(etag) else None, sha256),
+              ("the Hub's git blob id (ETag)", etag if _SHA1.match(etag) else None, git_sha1)]
+    for source, wanted, actual in checks:
+        if wanted is not None and wanted != actual:
+            raise SpeedrunError(f"{remote}: downloaded content hashes to {actual} but {source} is {wanted}")
+    return sha256
+
+
+def progress_bar_class(label: str) -> type:
+    """A tqdm class for ``huggingface_hub``'s download bar, labelled ``label``, that also reports into logs.
+
+    ``huggingface_hub`` hides its own bar when stderr is not a terminal (a Snakemake log) and labels it with
+    the CDN URL; this one always shows, refreshed every second on a terminal and every 30 s in a file.
+    """
+    from tqdm import tqdm
+
+    class DownloadProgress(tqdm):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs.setdefault("mininterval", 1.0 if sys.stderr.isatty() else 30.0)
+            kwargs["desc"] = label
+            super().__init__(*args, **kwargs)
+
+    return DownloadProgress
+
+
+def staging_dir(out: Path) -> Path:
+    """The folder where the download of ``out`` is staged: ``.{name}.download`` beside it."""
+    return out.parent / f".{out.name}.download"
+
+
+def download_file(remote: HubFile, out: str | os.PathLike[str], *, token: str | None = None,
+                  expected_size: int | None = None, sha256: str | None = None,
+                  policy: RetryPolicy = RetryPolicy(), sleep: Callable[[float], None] = time.sleep) -> Downloaded:
+    """Download ``remote`` to ``out`` through ``huggingface_hub``, checked; ``out`` appears only when complete.
+
+    Args:
+        remote: the file, repository, revision (and Hub endpoint).
+        out: the final path; parent folders are created.
+        token: a Hub token (``HF_TOKEN``), or None for anonymous access.
+        expected_size: bytes the file must hold, or None.
+        sha256: hex sha256 the file must have, or None (an LFS file is also checked against the Hub's).
+        policy, sleep: retries of transient failures (:func:`with_retries`).
+
+    Raises:
+        SpeedrunError: the repository, revision or file does not exist or is gated, retries ran out, or the
+            size or a hash does not match. ``out`` is then left absent (or as it was).
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    out = Path(out)
+    url = hf_hub_url(remote.repo, remote.path, repo_type="dataset", revision=remote.revision,
+                     endpoint=remote.endpoint)
+    what = str(remote)
+    meta = with_retries(lambda: get_hf_file_metadata(url, token=token), what, policy, sleep)
+    if not meta.commit_hash or not meta.etag:
+        raise SpeedrunError(f"{what}: {url} answered without X-Repo-Commit/ETag: not a Hugging Face Hub endpoint "
+                            f"(check HF_ENDPOINT)")
+    if expected_size is not None and meta.size is not None and meta.size != expected_size:
+        raise SpeedrunError(f"{what}: the Hub's file holds {meta.size} bytes, expected {expected_size}")
+    staging = staging_dir(out)
+    for stale in staging.rglob("*.incomplete") if staging.is_dir() else ():
+        stale.unlink()  # left by a killed attempt; huggingface_hub >= 1.0 never resumes another process's file
+    staged = Path(with_retries(
+        lambda: hf_hub_download(remote.repo, remote.path, repo_type="dataset", revision=meta.commit_hash,
+                                local_dir=staging, token=token, endpoint=remote.endpoint,
+                                tqdm_class=progress_bar_class(remote.path)),
+        what, policy, sleep))
+    try:
+        digest = _verify(staged, remote, meta.size, meta.etag, expected_size, sha256)
+    except SpeedrunError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, out)
+    shutil.rmtree(staging, ignore_errors=True)
+    return Downloaded(out, meta.commit_hash, out.stat().st_size, digest)
+
+
+# ---- command line ------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", required=True, help="dataset repository, owner/name (e.g. kjj0/fineweb10B-gpt2)")
+    parser.add_argument("--revision", default="main", help="branch, tag or commit (pin a commit; default: main)")
+    parser.add_argument("--file", help="path of the file in the repository")
+    parser.add_argument("--out", type=Path, help="where the checked file is written")
+    parser.add_argument("--expected-size", type=int, help="bytes the file must hold")
+    parser.add_argument("--sha256", help="hex sha256 the file must have")
+    parser.add_argument("--list", metavar="FOLDER", nargs="?", const="",
+                        help="instead of downloading, list the files (path, bytes) under FOLDER (default: all)")
+    parser.add_argument("--attempts", type=int, default=RetryPolicy.attempts,
+                        help=f"attempts per request on 429/5xx/connection errors (default {RetryPolicy.attempts})")
+    parser.add_argument("--backoff-s", type=float, default=RetryPolicy.base_delay_s,
+                        help=f"first retry delay in s, doubled each retry (default {RetryPolicy.base_delay_s})")
+
+
+def main(args: argparse.Namespace) -> int:
+    token = os.environ.get("HF_TOKEN") or None
+    policy = RetryPolicy(attempts=args.attempts, base_delay_s=args.backoff_s)
+    if args.list is not None:
+        commit, files = list_remote_files(args.repo, args.revision, args.list, token=token, policy=policy)
+        print(f"# dataset {args.repo} revision {args.revision} = commit {commit}: {len(files)} files")
+        for f in files:
+            print(f"{f.path}\t{f.size}\t{f.sha256 or '-'}")
+        return 0
+    if not args.file or not args.out:
+        raise SpeedrunError("--file and --out are required to download (or use --list)")
+    done = download_file(HubFile(args.repo, args.revision, args.file), args.out, token=token,
+                         expected_size=args.expected_size, sha256=args.sha256, policy=policy)
+    print(f"downloaded {args.file} of dataset {args.repo} (commit {done.commit}) to {done.path}: "
+          f"{done.size} bytes, sha256 {done.sha256}")
+    return 0

@@ -1,0 +1,227 @@
+"""Tokenizing FineWeb-sized sources: document readers (parquet by row group, JSON Lines, text), the ordered
+multi-process encoder, per-file token streams cut into shards, pre-tokenized shards taken as they are, and
+the bad inputs of each (issue 3)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hub_server import fineweb_parquet_bytes, shard_bytes
+
+from speedrun.cli import main as cli_main
+from speedrun.data.documents import iter_text_batches
+from speedrun.data.encode import EncoderPool, encode_texts
+from speedrun.data.tokenizer import gpt2_encoding
+from speedrun.errors import SpeedrunError
+from speedrun.tokenize import import_pretokenized, shard_streams, tokenize_documents, tokenize_to_stream
+
+BOS = 50256
+TEXTS = ["Hello world", "a<|endoftext|>b", "naïve café 東京 🙂", " \n\t spaces  ", "x" * 3000, "The end."]
+
+
+def reference_stream(texts: list[str]) -> list[int]:
+    """modded-nanogpt's rule: [50256] + encode_ordinary(text) per document, concatenated."""
+    enc = gpt2_encoding()
+    return [t for text in texts for t in [BOS, *enc.encode_ordinary(text)]]
+
+
+def web_texts(count: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = ["The", " mayor", " said", ",", " 2024", ".", "\n", " über", " 🙂", " <|endoftext|>", "  "]
+    return ["".join(rng.choice(words, size=rng.integers(1, 200))) for _ in range(count)]
+
+
+def dir_bytes(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# ---- readers -------------------------------------------------------------------------------------
+
+
+def test_parquet_is_read_in_order_by_batches(tmp_path):
+    texts = web_texts(23, 0)
+    path = tmp_path / "000_00000.parquet"
+    path.write_bytes(fineweb_parquet_bytes(texts, row_group_size=5))
+    batches = list(iter_text_batches(path, rows_per_batch=4))
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 4, 3]
+    assert [t for b in batches for t in b] == texts
+
+
+def test_jsonl_and_txt(tmp_path):
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"content": t, "n": i}) for i, t in enumerate(TEXTS))
+                                      + "\n\n", encoding="utf-8")
+    assert [t for b in iter_text_batches(tmp_path / "d.jsonl", "content", 4) for t in b] == TEXTS
+    (tmp_path / "page.txt").write_text(TEXTS[2], encoding="utf-8")
+    assert list(iter_text_batches(tmp_path / "page.txt")) == [[TEXTS[2]]]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("d.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', r"d.jsonl: line 2 is not UTF-8"),
+    ("d.jsonl", b'{"text": "ok"}\n{"text": \n', r"d.jsonl: line 2 is not JSON"),
+    ("d.jsonl", b'{"body": "ok"}\n', r"d.jsonl: line 1 has no 'text' field"),
+    ("d.jsonl", b'{"text": ""}\n', r"d.jsonl: the text of line 1 is empty"),
+    ("d.jsonl", b'{"text": 7}\n', r"d.jsonl: the text of line 1 is a int"),
+    ("d.jsonl", b'{"text": "a\\ud800b"}\n', r"d.jsonl: the text of line 1 is not valid Unicode"),
+    ("d.txt", b"caf\xe9", r"d.txt: not UTF-8 text \(byte 3"),
+    ("d.txt", b"", r"d.txt: the text of the file is empty"),
+    ("d.csv", b"text\nx\n", r"d.csv: unknown documents format '.csv'"),
+])
+def test_bad_documents_name_the_file(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(SpeedrunError, match=message):
+        list(iter_text_batches(tmp_path / name))
+
+
+def test_truncated_and_corrupt_parquet(tmp_path):
+    texts = [f"document number {i} " * 50 for i in range(200)]
+    data = fineweb_parquet_bytes(texts, row_group_size=50)
+    (tmp_path / "cut.parquet").write_bytes(data[:len(data) // 2])
+    with pytest.raises(SpeedrunError, match="cut.parquet: not a readable parquet file"):
+        list(iter_text_batches(tmp_path / "cut.parquet"))
+    column = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(2).column(0)  # rows 100..149
+    assert column.has_dictionary_page and column.compression == "SNAPPY"
+    start = column.dictionary_page_offset + 200  # inside the compressed texts of row group 2
+    corrupt = bytearray(data)
+    corrupt[start:start + 200] = bytes(b ^ 0xFF for b in corrupt[start:start + 200])
+    (tmp_path / "bad.parquet").write_bytes(bytes(corrupt))
+    with pytest.raises(SpeedrunError, match="bad.parquet: corrupt or truncated parquet data after row 100"):
+        list(iter_text_batches(tmp_path / "bad.parquet", rows_per_batch=50))
+
+
+def test_named_text_column(tmp_path):
+    pq.write_table(pa.table({"body": TEXTS}), tmp_path / "d.parquet")
+    assert [t for b in iter_text_batches(tmp_path / "d.parquet", "body") for t in b] == TEXTS
+    with pytest.raises(SpeedrunError, match=r"no 'text' column; the columns are \['body'\]"):
+        list(iter_text_batches(tmp_path / "d.parquet"))
+
+
+# ---- encoding ------------------------------------------------------------------------------------
+
+
+def test_encode_texts_is_the_public_rule():
+    tokens = encode_texts(TEXTS)
+    assert tokens.dtype == np.uint16
+    assert tokens.tolist() == reference_stream(TEXTS)
+    assert encode_texts(["Hello world"]).tolist() == [BOS, 15496, 995]
+    assert encode_texts([]).size == 0
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_pool_keeps_the_order(workers):
+    batches = [web_texts(n, seed) for seed, n in enumerate([7, 1, 30, 2, 11, 5, 9, 4])]
+    with EncoderPool(workers) as pool:
+        out = list(pool.map(iter(batches)))
+    assert [a.tolist() for a in out] == [reference_stream(b) for b in batches]
+
+
+# ---- streams, shards, pre-tokenized shards ---------------------------------------------------------
+
+
+def test_streams_give_the_same_shards_as_one_job(tmp_path):
+    files = []
+    for i in range(3):
+        files.append(tmp_path / f"{i:03d}_00000.parquet")
+        files[-1].write_bytes(fineweb_parquet_bytes(web_texts(30, i), row_group_size=7))
+    streams = [tmp_path / f"{i:05d}.bin" for i in range(3)]
+    for path, stream in zip(files, streams):
+        assert tokenize_to_stream(path, stream, threads=2)[0] == 30
+    manifest = shard_streams(streams, "fw", 1000, tmp_path / "from-streams")
+    tokenize_documents(files, "fw", 1000, tmp_path / "one-job", threads=1)
+    assert dir_bytes(tmp_path / "from-streams") == dir_bytes(tmp_path / "one-job")
+    expected = reference_stream([t for i in range(3) for t in web_texts(30, i)])
+    got = [t for s in manifest["shards"] for t in
+           np.frombuffer((tmp_path / "from-streams" / s["file"]).read_bytes()[1024:], "<u2").tolist()]
+    assert got == expected and manifest["documents"] == 90
+    assert all(s["tokens"] == 1000 for s in manifest["shards"][:-1])
+
+
+def test_stream_header(tmp_path):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "Hello world"}) + "\n")
+    assert tokenize_to_stream(tmp_path / "d.jsonl", tmp_path / "s.bin") == (1, 3)
+    assert (tmp_path / "s.bin").read_bytes() == shard_bytes([BOS, 15496, 995])
+
+
+def test_bad_stream_is_named(tmp_path):
+    (tmp_path / "s.bin").write_bytes(shard_bytes([BOS, 1, 2], version=2))
+    with pytest.raises(SpeedrunError, match=r"s.bin: unsupported shard version 2"):
+        shard_streams([tmp_path / "s.bin"], "fw", 2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_full_disk_leaves_nothing(tmp_path, monkeypatch):
+    (tmp_path / "d.txt").write_text("Hello world")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("speedrun.tokenize.os.fsync", full)
+    with pytest.raises(SpeedrunError, match=r"s.bin: writing failed \(No space left on device\)"):
+        tokenize_to_stream(tmp_path / "d.txt", tmp_path / "s.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.txt"]
+
+
+def gpt2_files(tmp_path, **bad):
+    files = {"fineweb_val_000000.bin": shard_bytes([BOS, 1, 2, BOS, 3]),
+             "fineweb_train_000001.bin": shard_bytes([BOS, 4, 5, 6, BOS, 7, BOS]),
+             "fineweb_train_000002.bin": shard_bytes([8, BOS, 9])}
+    files.update(bad)
+    paths = []
+    for name, data in files.items():
+        paths.append(tmp_path / "dl" / name)
+        paths[-1].parent.mkdir(exist_ok=True)
+        paths[-1].write_bytes(data)
+    return paths
+
+
+def test_pretokenized_shards_are_taken_as_they_are(tmp_path):
+    paths = gpt2_files(tmp_path)
+    manifest = import_pretokenized(paths, "fineweb", tmp_path / "shards")
+    out = dir_bytes(tmp_path / "shards")
+    for path in paths:
+        assert out[path.name] == path.read_bytes()
+    assert [(s["file"], s["split"], s["tokens"], s["sha256"]) for s in manifest["shards"]] == [
+        (p.name, "val" if i == 0 else "train", (len(p.read_bytes()) - 1024) // 2,
+         hashlib.sha256(p.read_bytes()).hexdigest()) for i, p in enumerate(paths)]
+    assert manifest["documents"] == 6 and manifest["total_tokens"] == 15 and manifest["shard_tokens"] == 7
+    renamed = import_pretokenized(paths, "mine", tmp_path / "mine")
+    assert [s["file"] for s in renamed["shards"]] == ["mine_val_000000.bin", "mine_train_000001.bin",
+                                                      "mine_train_000002.bin"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"fineweb_train_000001.bin": shard_bytes([BOS, 1], count=5)}, r"header says 5 tokens, so 1034 bytes"),
+    ({"fineweb_train_000002.bin": shard_bytes([BOS, 50257, 1])}, r"train_000002.bin: token 1 is 50257"),
+    ({"fineweb_train_000002.bin": b"\x00" * 100}, r"shorter than the 1024-byte shard header"),
+])
+def test_bad_pretokenized_shard(tmp_path, bad, message):
+    with pytest.raises(SpeedrunError, match=message):
+        import_pretokenized(gpt2_files(tmp_path, **bad), "fineweb", tmp_path / "shards")
+    assert not (tmp_path / "shards").exists()
+
+
+def test_pretokenized_order(tmp_path):
+    paths = gpt2_files(tmp_path)
+    with pytest.raises(SpeedrunError, match="first pre-tokenized shard must be the validation shard"):
+        import_pretokenized(paths[1:], "fineweb", tmp_path / "shards")
+    with pytest.raises(SpeedrunError, match="at least one training shard"):
+        import_pretokenized(paths[:1], "fineweb", tmp_path / "shards")
+
+
+def test_cli_modes(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("Hello world " * 20)
+    (tmp_path / "b.jsonl").write_text(json.dumps({"body": "Hello world"}) + "\n")
+    assert cli_main(["tokenize", "--documents", str(tmp_path / "a.txt"), "--out-stream", str(tmp_path / "a.bin")]) == 0
+    assert cli_main(["tokenize", "--documents", str(tmp_path / "b.jsonl"), "--text-column", "body",
+                     "--out-stream", str(tmp_path / "b.bin")]) == 0
+    assert cli_main(["tokenize", "--streams", str(tmp_path / "a.bin"), str(tmp_path / "b.bin"), "--dataset", "t",
+                     "--shard-tokens", "30", "--out-dir", str(tmp_path / "shards")]) == 0
+    tokens = len(reference_stream(["Hello world " * 20, "Hello world"]))
+    assert f"2 shards, {tokens} tokens of 2 documents" in capsys.readouterr().out
+    assert cli_main(["tokenize", "--streams", str(tmp_path / "a.bin"), "--out-dir", str(tmp_path / "x")]) == 2
+    assert "--out-dir needs --dataset" in capsys.readouterr().err
