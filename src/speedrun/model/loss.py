@@ -1,0 +1,142 @@
+"""The LM head and the next-token cross-entropy, fused and computed in chunks of tokens.
+
+``loss = mean_t CE(softcap(x_t Wᵀ), target_t)`` for hidden states x (T, C), head weight W (V, C).
+
+* ``"full"``: materializes the (T, V) logits and lets autograd differentiate ``F.cross_entropy``. Simple,
+  the reference of the tests; on a CPU it pays for several passes over a (T, 50304) fp32 array.
+* ``"chunked"``: processes ``chunk_tokens`` tokens at a time in buffers that stay in cache, and computes the
+  gradients with respect to x and W in the same pass (the public speedrun's fused CE kernels compute the
+  gradient in the forward pass too, records #60, #75, #79). dL/dz = softmax(z) - onehot(target), times
+  1 - tanh² of the softcap. The matrix products run in ``compute_dtype`` (bf16 under autocast), the
+  softmax and the sums in fp32 (fp64 when the products are fp64).
+
+The per-token loss is -log softmax(z)_target; where that probability underflows (a loss above ~69 nats) it
+is recomputed exactly with ``logsumexp``, so a diverging run still reports its true, finite loss.
+
+Shape legend: T tokens, C model_dim, V vocab_size, c tokens per chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+_TINY_PROB = 1e-30
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                         softcap: float | None = None, impl: Literal["full", "chunked"] = "chunked",
+                         chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Mean cross-entropy (nats per token; an fp32 scalar, fp64 for fp64 products) of the logits
+    ``softcap(x @ weight.T)``.
+
+    x: (T, C) float; weight: (V, C) float; targets: (T,) int64 in 0..V-1; softcap: None or c > 0 for
+    ``c * tanh(z / c)``; compute_dtype: dtype of the matrix products (default: x's dtype).
+    Differentiable in x and weight for both ``impl``.
+    """
+    dtype = compute_dtype or x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        if impl == "full":
+            logits = F.linear(x.to(dtype), weight.to(dtype)).to(_accumulation_dtype(dtype))  # (T, V)
+            if softcap is not None:
+                logits = softcap * torch.tanh(logits / softcap)
+            return F.cross_entropy(logits, targets)
+        if impl != "chunked":
+            raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full' or 'chunked'")
+        if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
+            return chunked_cross_entropy(x, weight, targets, softcap, chunk_tokens, dtype, False, False)[0]
+        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, softcap, chunk_tokens, dtype)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Loss in the forward pass, with dL/dx and dL/dW computed alongside and saved for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, softcap, chunk_tokens, dtype):  # noqa: D102 (autograd API)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        loss, grad_x, grad_w = chunked_cross_entropy(x, weight, targets, softcap, chunk_tokens, dtype,
+                                                     need_x, need_w)
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.dtypes = (x.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # noqa: D102 (autograd API)
+        grad_x, grad_w = ctx.saved_tensors
+        x_dtype, w_dtype = ctx.dtypes
+        dx = (grad_x * grad_loss).to(x_dtype) if ctx.needs_input_grad[0] else None
+        dw = (grad_w * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None, None
+
+
+@torch.no_grad()
+def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          softcap: float | None, chunk_tokens: int, dtype: torch.dtype,
+                          need_x: bool = True, need_w: bool = True
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, dloss/dx, dloss/dW)``: fp32 scalar mean loss, (T, C) and (V, C) gradients in fp32 (fp64 when
+    ``dtype`` is fp64; empty tensors when not ``need_x`` / ``need_w``). Inputs as for
+    :func:`linear_cross_entropy`."""
+    num_tokens, vocab, dim = x.size(0), weight.size(0), weight.size(1)
+    xs, w = x.to(dtype), weight.to(dtype)
+    acc = _accumulation_dtype(dtype)
+    chunk = min(chunk_tokens, num_tokens)
+    logits = torch.empty(chunk, vocab, dtype=acc, device=x.device)                  # z
+    probs = torch.empty(chunk, vocab, dtype=acc, device=x.device)                   # softmax(z)
+    low = logits if dtype == acc else torch.empty(chunk, vocab, dtype=dtype, device=x.device)
+    partial = torch.empty(vocab, dim, dtype=dtype, device=x.device) if need_w and low is not logits else None
+    losses = torch.empty(num_tokens, dtype=acc, device=x.device)
+    grad_x = torch.empty((num_tokens, dim) if need_x else 0, dtype=acc, device=x.device)
+    grad_w = torch.zeros((vocab, dim) if need_w else 0, dtype=acc, device=x.device)
+    for start in range(0, num_tokens, chunk):
+        rows, n = slice(start, start + chunk), min(chunk, num_tokens - start)
+        torch.mm(xs[rows], w.t(), out=low[:n])
+        if low is not logits:
+            logits[:n].copy_(low[:n])
+        dz = _loss_and_grad(logits[:n], probs[:n], targets[rows], softcap, losses[rows], need_x or need_w)
+        if need_x or need_w:
+            grads = dz if low is logits else low[:n].copy_(dz)                # (c, V) in dtype
+            if need_x:
+                grad_x[rows] = torch.mm(grads, w)                             # (c, C)
+            if need_w:
+                _accumulate(grad_w, grads.t(), xs[rows], partial)            # (V, C)
+    scale = 1.0 / num_tokens
+    return losses.mean(), grad_x.mul_(scale), grad_w.mul_(scale)
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for bf16/fp16/fp32 products, fp64 for fp64 (the tests' references)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _loss_and_grad(z: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, softcap: float | None,
+                   losses: torch.Tensor, need_grad: bool) -> torch.Tensor:
+    """From the raw logits ``z`` (c, V) fp32: per-token losses into ``losses`` (c,) and, in ``p`` (c, V),
+    dL_t/dz_t = (softmax - onehot) · softcap' (with ``need_grad``; else p holds the softmax). Overwrites
+    ``z``."""
+    if softcap is not None:
+        z.div_(softcap).tanh_().mul_(softcap)
+    torch.softmax(z, dim=1, out=p)
+    rows = torch.arange(z.size(0), device=z.device)
+    p_target = p[rows, targets]
+    losses.copy_(-torch.log(p_target))
+    tiny = p_target < _TINY_PROB
+    if tiny.any():
+        losses[tiny] = torch.logsumexp(z[tiny], dim=1) - z[tiny, targets[tiny]]
+    if not need_grad:
+        return p
+    p[rows, targets] -= 1.0
+    if softcap is not None:
+        p.mul_(z.div_(softcap).square_().neg_().add_(1.0))
+    return p
+
+
+def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor, partial: torch.Tensor | None) -> None:
+    """``total += a @ b`` in fp32, via ``partial`` in the compute dtype when that is not fp32."""
+    if partial is None:
+        total.addmm_(a, b)
+    else:
+        torch.mm(a, b, out=partial)
+        total.add_(partial)

@@ -1,0 +1,128 @@
+"""Assemble the optimizers of a model from its labelled parameters, and apply the schedules.
+
+Each parameter carries a kind (:meth:`speedrun.model.gpt.GPT.parameter_kinds`): ``matrix`` (the 2-D weights
+inside the blocks) goes to Muon; ``embed``, ``head`` and ``scalar`` go to AdamW, one parameter group per
+kind with its own learning rate (records #3-#10 of the public speedrun: Adam at lr 0.6 for the embedding,
+0.008 for the head, 0.04 for scalars; Muon at 0.05). Every parameter lands in exactly one group; anything
+else raises. Each group keeps ``kind`` and ``initial_lr`` so that the schedules rescale ``lr`` from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import torch
+from torch import nn
+
+from speedrun.optim.adam import build_adamw
+from speedrun.optim.muon import Muon
+from speedrun.optim.orthogonalize import Orthogonalizer
+from speedrun.optim.schedules import lr_factor, muon_momentum
+
+ADAM_KINDS = ("embed", "head", "scalar")
+MUON_KINDS = ("matrix",)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`)."""
+
+    embed_lr: float = 0.6
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+    adam_eps: float = 1e-10
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    weight_decay: float = 0.0
+    orthogonalizer: Orthogonalizer = "polar_express"
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The step schedules (see :mod:`speedrun.optim.schedules`)."""
+
+    steps: int
+    cooldown_frac: float
+    lr_floor: float
+    momentum_warmup_steps: int
+    momentum_start: float = 0.85
+    momentum_end: float = 0.95
+
+
+class Optimizers:
+    """The model's optimizers, stepped and scheduled together (``optimizers`` list: AdamW, then Muon)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    def groups(self) -> Iterator[dict]:
+        """Every parameter group of every optimizer."""
+        for opt in self.optimizers:
+            yield from opt.param_groups
+
+    def apply_schedule(self, step: int, schedule: ScheduleConfig) -> None:
+        """Set ``lr = initial_lr * lr_factor(step)`` in every group and the Muon momentum of ``step``."""
+        factor = lr_factor(step, schedule.steps, schedule.cooldown_frac, schedule.lr_floor)
+        momentum = muon_momentum(step, schedule.momentum_warmup_steps, schedule.momentum_start,
+                                 schedule.momentum_end)
+        for group in self.groups():
+            group["lr"] = group["initial_lr"] * factor
+            if group["kind"] in MUON_KINDS:
+                group["momentum"] = momentum
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+
+def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, list[nn.Parameter]]:
+    """Kind -> parameters, checking that ``kinds`` labels every trainable parameter once with a known kind.
+
+    Raises ``ValueError`` naming a parameter without a kind, a kind name that is not a parameter, or an
+    unknown kind.
+    """
+    named = dict(model.named_parameters())
+    missing = sorted(n for n, p in named.items() if p.requires_grad and n not in kinds)
+    extra = sorted(set(kinds) - set(named))
+    if missing or extra:
+        raise ValueError(f"parameters without an optimizer kind: {missing}; kinds of no parameter: {extra}")
+    out: dict[str, list[nn.Parameter]] = {kind: [] for kind in ADAM_KINDS + MUON_KINDS}
+    for name, kind in kinds.items():
+        if kind not in out:
+            raise ValueError(f"parameter {name!r} has unknown kind {kind!r}")
+        out[kind].append(named[name])
+    return out
+
+
+def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
+    """AdamW over the ``embed``/``head``/``scalar`` parameters and Muon over the ``matrix`` ones.
+
+    ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``). Empty groups are left out.
+    Raises ``ValueError`` when a parameter has no kind, or lands in no optimizer or in two.
+    """
+    by_kind = split_parameters(model, kinds)
+    lrs = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr,
+           "matrix": config.muon_lr}
+    adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
+                   for k in ADAM_KINDS if by_kind[k]]
+    muon_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
+                   for k in MUON_KINDS if by_kind[k]]
+    device = next(model.parameters()).device
+    optimizers: list[torch.optim.Optimizer] = []
+    if adam_groups:
+        optimizers.append(build_adamw(adam_groups, config.adam_betas, config.adam_eps, config.weight_decay,
+                                      fused=device.type == "cuda"))
+    if muon_groups:
+        optimizers.append(Muon(muon_groups, lr=config.muon_lr, momentum=config.muon_momentum,
+                               weight_decay=config.weight_decay, orthogonalizer=config.orthogonalizer))
+    seen = [id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]]
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    if sorted(seen) != sorted(trainable):
+        raise ValueError("every trainable parameter must land in exactly one optimizer group")
+    return Optimizers(optimizers)

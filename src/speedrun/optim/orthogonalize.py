@@ -1,0 +1,67 @@
+"""Approximate orthogonalization of a matrix G = U S Vᵀ towards its polar factor U Vᵀ, by odd matrix
+polynomials X <- a X + b (X Xᵀ) X + c (X Xᵀ)² X applied to X0 = G / ‖G‖.
+
+Every singular value s of X0 (in (0, 1] after the normalization) is mapped by the scalar polynomial
+p(s) = a s + b s³ + c s⁵ at each iteration, while the singular vectors stay put.
+
+* Newton–Schulz quintic (Keller Jordan 2024; records #3-#37, speedrun-spec.md 3.1): 5 iterations of fixed
+  (a, b, c) = (3.4445, -4.7750, 2.0315), chosen to maximize the slope at 0 rather than to converge; singular
+  values end in about [0.68, 1.13].
+* Polar Express (Amsel et al. 2025; record #38): 5 iterations with per-iteration coefficients (the table
+  below, speedrun-spec.md 3.1), normalizing by ‖G‖_F · 1.02; singular values end near 1.
+
+A tall matrix (rows > cols) is processed as its transpose so that X Xᵀ is the smaller Gram matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+
+Orthogonalizer = Literal["newton_schulz", "polar_express"]
+ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
+
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NEWTON_SCHULZ_STEPS = 5
+POLAR_EXPRESS_COEFFICIENTS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+
+def orthogonalization_schedule(method: Orthogonalizer) -> tuple[tuple[tuple[float, float, float], ...],
+                                                                  float, float]:
+    """``(coefficients per iteration, norm factor, eps)``: X0 = G / (‖G‖_F · factor + eps)."""
+    if method == "newton_schulz":
+        return (NEWTON_SCHULZ_COEFFICIENTS,) * NEWTON_SCHULZ_STEPS, 1.0, 1e-7
+    if method == "polar_express":
+        return POLAR_EXPRESS_COEFFICIENTS, 1.02, 1e-6
+    raise ValueError(f"unknown orthogonalizer {method!r}; expected one of {', '.join(ORTHOGONALIZERS)}")
+
+
+def orthogonalize(grad: torch.Tensor, method: Orthogonalizer = "polar_express",
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The approximate polar factor of ``grad`` (rows, cols), same shape, in ``dtype``.
+
+    ``dtype`` is the working precision: default bfloat16 on CUDA (as in the speedrun) and float32
+    elsewhere (CPU bf16 matrix products are not faster at these sizes). A zero matrix maps to zero.
+    """
+    if grad.ndim != 2:
+        raise ValueError(f"orthogonalize takes a 2-D matrix, got shape {tuple(grad.shape)}")
+    if dtype is None:
+        dtype = torch.bfloat16 if grad.is_cuda else torch.float32
+    coefficients, factor, eps = orthogonalization_schedule(method)
+    tall = grad.size(0) > grad.size(1)
+    x = grad.mT if tall else grad                                   # (m, n), m <= n
+    norm = torch.linalg.matrix_norm(x.to(torch.promote_types(x.dtype, torch.float32)))
+    x = x / (norm * factor + eps).to(x.dtype)
+    x = x.to(dtype)
+    for a, b, c in coefficients:
+        gram = x @ x.mT                                             # (m, m)
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    return x.mT if tall else x

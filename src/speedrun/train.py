@@ -1,0 +1,579 @@
+"""``speedrun train``: one (variant, seed) training run of the speedrun GPT, with its training log.
+
+Runs standalone (world size 1) or under ``torchrun --standalone --nproc_per_node=N --no-python speedrun
+train ...`` (RANK, WORLD_SIZE and LOCAL_RANK from the environment; gloo on CPU, NCCL on CUDA). Each optimizer
+step takes ``tokens_per_step`` tokens in ``micro_batches`` micro-batches from the BOS-aligned loader; rank r
+runs ``micro_batches / world_size`` of them with gradient accumulation and the gradients are averaged over
+ranks, so a step sees the same tokens whatever the world size (speedrun-spec.md 1.3). The seed sets the
+initialization only: the token stream is the same for every seed, as in the public speedrun.
+
+The loop validates at step 0, every ``val_every`` steps and at the last step with the clock stopped (the
+speedrun's timing rule, speedrun-spec.md 1.4); ``train_time`` counts training wall time only. A non-finite
+train or val loss stops the run at once and the log ends with ``run diverged: ...`` (exit status 0: the run
+is reported, never dropped); an exception writes ``run failed: ...`` and propagates. The log
+(docs/formats.md "Training log", :mod:`speedrun.runlog`) is renamed to ``--log`` only at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, get_args
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from speedrun import __version__
+from speedrun.data.loader import (BosAlignedBatches, MicroBatch, steps_available, to_torch,
+                                  validation_batches)
+from speedrun.data.shards import load_shard, sha256_file
+from speedrun.errors import SpeedrunError
+from speedrun.model.config import GPTConfig, build_model_config
+from speedrun.model.gpt import GPT
+from speedrun.optim.groups import OptimConfig, Optimizers, ScheduleConfig, build_optimizers
+from speedrun.optim.orthogonalize import ORTHOGONALIZERS
+from speedrun.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
+                             header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
+                             val_line)
+
+RunStatus = Literal["complete", "diverged"]
+LossKind = Literal["train", "val"]
+DeviceChoice = Literal["cpu", "cuda", "auto"]
+ComputeDtype = Literal["float32", "bfloat16"]
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training settings of one variant (config.yaml ``train`` with the variant's overrides).
+
+    Sizes: ``steps`` optimizer steps of ``tokens_per_step`` tokens in ``micro_batches`` forward passes over
+    all ranks; documents cut at ``max_seq_len`` tokens; ``val_tokens`` validation tokens in chunks of
+    ``val_batch_tokens`` per rank, every ``val_every`` steps (0: only at step 0 and the last). Model:
+    ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields). Optimizers
+    (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
+    ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85),
+    ``orthogonalizer``; decoupled ``weight_decay`` for both. LR schedule: constant, then linear over the last
+    ``cooldown_frac`` of the steps down to ``lr_floor`` times the base. ``dtype``: autocast dtype of the
+    matrix products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model.
+
+    Raises :class:`SpeedrunError` naming the setting on a wrong type or value, and on a batch that does not
+    divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
+    world_size).
+    """
+
+    preset: str = "tiny"
+    model: Mapping[str, Any] = field(default_factory=dict)
+    steps: int = 60
+    tokens_per_step: int = 4096
+    micro_batches: int = 4
+    max_seq_len: int = 1024
+    val_tokens: int = 65536
+    val_batch_tokens: int = 16384
+    val_every: int = 20
+    world_size: int = 1
+    device: DeviceChoice = "cpu"
+    compile: bool = False
+    dtype: ComputeDtype = "bfloat16"
+    embed_lr: float = 0.6
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    momentum_warmup_steps: int = 300
+    weight_decay: float = 0.0
+    cooldown_frac: float = 0.4
+    lr_floor: float = 0.0
+    orthogonalizer: str = "polar_express"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
+                     "val_batch_tokens", "world_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("val_every", self.val_every, 0)
+        _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
+        for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay"):
+            _check_number(name, getattr(self, name), 0.0, math.inf)
+        for name in ("cooldown_frac", "lr_floor"):
+            _check_number(name, getattr(self, name), 0.0, 1.0)
+        _check_number("muon_momentum", self.muon_momentum, 0.0, 1.0, open_high=True)
+        if not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2:
+            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
+        for beta in self.adam_betas:
+            _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
+        if not isinstance(self.compile, bool):
+            raise SpeedrunError(f"train.compile must be true or false, got {self.compile!r}")
+        _check_choice("device", self.device, get_args(DeviceChoice))
+        _check_choice("dtype", self.dtype, get_args(ComputeDtype))
+        _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
+        if not isinstance(self.model, Mapping):
+            raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
+        self.model_config()
+        self._check_divisions()
+
+    def _check_divisions(self) -> None:
+        if self.micro_batches % self.world_size:
+            raise SpeedrunError(f"train.micro_batches {self.micro_batches} is not a multiple of "
+                                f"train.world_size {self.world_size}")
+        if self.tokens_per_step % self.micro_batches:
+            raise SpeedrunError(f"train.tokens_per_step {self.tokens_per_step} is not a multiple of "
+                                f"train.micro_batches {self.micro_batches}")
+        if self.val_tokens % (self.val_batch_tokens * self.world_size):
+            raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
+                                f"world_size = {self.val_batch_tokens * self.world_size}")
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> "TrainConfig":
+        """Build from a mapping of settings (missing ones take the defaults). Raises :class:`SpeedrunError`
+        naming an unknown key, with the valid keys."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in settings:
+            if key not in names:
+                raise SpeedrunError(f"unknown training setting {key!r}; expected one of {', '.join(names)}")
+        values = dict(settings)
+        if isinstance(values.get("adam_betas"), list):
+            values["adam_betas"] = tuple(values["adam_betas"])
+        return cls(**values)
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens per forward pass: tokens_per_step / micro_batches."""
+        return self.tokens_per_step // self.micro_batches
+
+    def model_config(self) -> GPTConfig:
+        return build_model_config(self.preset, self.model)
+
+    def optim_config(self) -> OptimConfig:
+        return OptimConfig(embed_lr=self.embed_lr, head_lr=self.head_lr, scalar_lr=self.scalar_lr,
+                           adam_betas=self.adam_betas, muon_lr=self.muon_lr, muon_momentum=self.muon_momentum,
+                           weight_decay=self.weight_decay, orthogonalizer=self.orthogonalizer)
+
+    def schedule_config(self) -> ScheduleConfig:
+        return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,
+                              momentum_warmup_steps=self.momentum_warmup_steps,
+                              momentum_end=self.muon_momentum)
+
+    def to_json(self) -> str:
+        """One line of JSON: every setting, with ``model`` resolved to the full model config."""
+        settings = dataclasses.asdict(self)
+        settings["model"] = dataclasses.asdict(self.model_config())
+        return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpeedrunError(f"train.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, low: float, high: float, open_high: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+    if not ok or (open_high and value >= high):
+        bracket = ")" if open_high else "]"
+        raise SpeedrunError(f"train.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpeedrunError(f"train.{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass
+class RunResult:
+    """What a run ended with: ``status``, and every logged loss at full precision as
+    ``(step, "train" | "val", loss)`` in log order."""
+
+    status: RunStatus = "complete"
+    losses: list[tuple[int, LossKind, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The validation shard and the train shards (uint16 memory maps) with their BOS indices (int64);
+    ``train_sha256``: sha256 of the train shards' manifest entries (file, tokens, sha256) as canonical JSON,
+    which identifies the training token stream; ``val_sha256``: sha256 of the validation shard file."""
+
+    val_tokens: np.ndarray
+    val_bos: np.ndarray
+    train_shards: list[np.ndarray]
+    train_bos: list[np.ndarray]
+    train_sha256: str = ""
+    val_sha256: str = ""
+
+
+def _read_json(path: Path, stage: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise SpeedrunError(f"{path}: not found (run the {stage} stage first)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_training_data(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[str]) -> TrainingData:
+    """Shards listed in ``shards_dir/manifest.json`` (one ``val``, then the ``train`` ones in order) and
+    ``bos_dir/<stem>.npy``. Raises :class:`SpeedrunError` on a missing file, a shard whose length differs
+    from the manifest, or a BOS index made from another version of a shard (its sha256 differs)."""
+    shards_dir, bos_dir = Path(shards_dir), Path(bos_dir)
+    entries = _read_json(shards_dir / "manifest.json", "tokenize")["shards"]
+    bos_of = {e["shard"]: e for e in _read_json(bos_dir / "manifest.json", "bos_index")["shards"]}
+    val = [e for e in entries if e["split"] == "val"]
+    train = [e for e in entries if e["split"] == "train"]
+    if len(val) != 1 or not train:
+        raise SpeedrunError(f"{shards_dir}/manifest.json must list one val shard and at least one train "
+                            f"shard, found {len(val)} and {len(train)}")
+    arrays = []
+    for entry in val + train:
+        tokens = load_shard(shards_dir / entry["file"])
+        index = bos_of.get(entry["file"])
+        if len(tokens) != entry["tokens"] or index is None or index["shard_sha256"] != entry["sha256"]:
+            raise SpeedrunError(f"{shards_dir / entry['file']}: {len(tokens)} tokens (manifest: "
+                                f"{entry['tokens']}) or its BOS index in {bos_dir} is missing or stale")
+        arrays.append((tokens, np.load(bos_dir / index["file"]).astype(np.int64)))
+    stream = [{"file": e["file"], "tokens": e["tokens"], "sha256": e["sha256"]} for e in train]
+    return TrainingData(val_tokens=arrays[0][0], val_bos=arrays[0][1],
+                        train_shards=[a[0] for a in arrays[1:]], train_bos=[a[1] for a in arrays[1:]],
+                        train_sha256=sha256_text(json.dumps(stream, sort_keys=True, separators=(",", ":"))),
+                        val_sha256=sha256_file(shards_dir / val[0]["file"]))
+
+
+def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
+    """Raise :class:`SpeedrunError` unless the train shards feed all ``steps`` and the validation shard
+    holds ``val_tokens + 1`` tokens (planning only, no token is read)."""
+    fed = steps_available([len(s) for s in data.train_shards], data.train_bos, config.micro_batch_tokens,
+                          config.max_seq_len, config.micro_batches, config.steps)
+    if fed < config.steps:
+        raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
+                            f"than train.steps = {config.steps}; add shards or lower steps")
+    if len(data.val_tokens) < config.val_tokens + 1:
+        raise SpeedrunError(f"the validation shard holds {len(data.val_tokens)} tokens, fewer than "
+                            f"train.val_tokens + 1 = {config.val_tokens + 1}")
+
+
+def load_config_argument(value: str) -> dict[str, Any]:
+    """The ``--config`` value as a dict: a JSON object, or the path of a JSON (``.json``) or YAML file
+    holding one. JSON is parsed as JSON (YAML 1.1 would read ``1e-05`` as a string).
+
+    Raises :class:`SpeedrunError` for unreadable text or a value that is not a mapping.
+    """
+    is_json = value.lstrip().startswith("{")
+    text = value
+    if not is_json:
+        path = Path(value)
+        if not path.is_file():
+            raise SpeedrunError(f"--config {value!r} is neither a JSON object nor an existing file")
+        text, is_json = path.read_text(encoding="utf-8"), path.suffix == ".json"
+    try:
+        loaded = json.loads(text) if is_json else _load_yaml(text)
+    except ValueError as e:
+        raise SpeedrunError(f"--config: cannot parse {value[:80]!r}: {e}") from None
+    if not isinstance(loaded, dict):
+        raise SpeedrunError(f"--config must hold a mapping of training settings, got {type(loaded).__name__}")
+    return loaded
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None
+
+
+class Launch:
+    """This process's place in the run: ``rank``, ``local_rank``, ``world_size`` (torchrun's variables)."""
+
+    def __init__(self, env: Mapping[str, str]):
+        try:
+            self.rank = int(env.get("RANK", "0"))
+            self.local_rank = int(env.get("LOCAL_RANK", "0"))
+            self.world_size = int(env.get("WORLD_SIZE", "1"))
+        except ValueError:
+            raise SpeedrunError("RANK, LOCAL_RANK and WORLD_SIZE must be integers when set") from None
+
+    def check(self, config: TrainConfig) -> None:
+        """Raise :class:`SpeedrunError` unless the config's world_size is the launched WORLD_SIZE."""
+        if config.world_size != self.world_size:
+            raise SpeedrunError(
+                f"train.world_size is {config.world_size} but this run was launched with WORLD_SIZE="
+                f"{self.world_size}; launch `torchrun --standalone --nproc_per_node={config.world_size} "
+                "--no-python speedrun train ...` or change world_size"
+            )
+
+
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    """``cpu``, ``cuda:<local_rank>``, or for ``auto`` CUDA when available. Raises :class:`SpeedrunError`
+    when CUDA is asked for and absent or has too few GPUs."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SpeedrunError("train.device is 'cuda' but torch sees no CUDA GPU (use device: cpu or auto)")
+    if local_rank >= torch.cuda.device_count():
+        raise SpeedrunError(f"LOCAL_RANK {local_rank} needs {local_rank + 1} GPUs, "
+                            f"found {torch.cuda.device_count()}")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+class TrainClock:
+    """Cumulative training wall time (``time.perf_counter``), paused around validation; synchronizes the GPU
+    before every reading."""
+
+    def __init__(self, device: torch.device):
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._total = 0.0
+        self._since: float | None = None
+
+    def sync(self) -> None:
+        """Wait for the GPU's queued work (nothing on a CPU)."""
+        self._sync()
+
+    def start(self) -> None:
+        self._sync()
+        self._since = _now()
+
+    def stop(self) -> None:
+        self._sync()
+        if self._since is not None:
+            self._total += _now() - self._since
+        self._since = None
+
+    def elapsed_ms(self) -> float:
+        """Training time so far in ms, including the running interval."""
+        self._sync()
+        running = _now() - self._since if self._since is not None else 0.0
+        return 1000.0 * (self._total + running)
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
+    """Average ``tensors`` in place over all ranks, in one flat all-reduce."""
+    if world_size == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= world_size
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[MicroBatch],
+               device: torch.device, autocast: Callable[[], Any], world_size: int) -> float:
+    """Forward and backward over this rank's ``micro_batches`` (gradients accumulate, each loss divided by
+    their number), then gradients and loss averaged over ranks. Returns the step's mean train loss."""
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for mb in micro_batches:
+        inputs, targets, cu_seqlens = to_torch(mb, device)
+        with autocast():
+            loss = forward(inputs, targets, cu_seqlens)
+        (loss / len(micro_batches)).backward()
+        total += loss.detach().float()
+    mean = (total / len(micro_batches)).reshape(1)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    _all_reduce_mean(grads + [mean], world_size)
+    return float(mean.item())
+
+
+@torch.no_grad()
+def evaluate(forward: Callable[..., torch.Tensor], batches: list[Batch], autocast: Callable[[], Any],
+             world_size: int) -> float:
+    """Mean validation loss (nats/token) over this rank's chunks, averaged over ranks (every rank holds the
+    same number of equal-sized chunks, so this is the mean over all val_tokens)."""
+    total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
+    for inputs, targets, cu_seqlens in batches:
+        with autocast():
+            total += forward(inputs, targets, cu_seqlens).float()
+    mean = (total / len(batches)).reshape(1)
+    _all_reduce_mean([mean], world_size)
+    return float(mean.item())
+
+
+def _warm_up(forward: Callable[..., torch.Tensor], model: GPT, tokens: int, device: torch.device,
+             autocast: Callable[[], Any]) -> None:
+    """One untimed forward and backward on a dummy one-document batch (compiles the graph); no update."""
+    inputs = torch.zeros(tokens, dtype=torch.int32, device=device)
+    targets = torch.zeros(tokens, dtype=torch.int64, device=device)
+    cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+    with autocast():
+        forward(inputs, targets, cu_seqlens).backward()
+    model.zero_grad(set_to_none=True)
+
+
+class _Run:
+    """The state of one run on this rank: model, optimizers, data, clock and log."""
+
+    def __init__(self, config: TrainConfig, seed: int, data: TrainingData, device: torch.device,
+                 launch: Launch, log: RunLog):
+        self.config, self.device, self.launch, self.log = config, device, launch, log
+        torch.manual_seed(seed)
+        self.model = GPT(config.model_config()).to(device)
+        if launch.world_size > 1:
+            for p in self.model.parameters():
+                dist.broadcast(p.data, src=0)
+        self.optimizers: Optimizers = build_optimizers(self.model, self.model.parameter_kinds(),
+                                                       config.optim_config())
+        self.forward = torch.compile(self.model) if config.compile else self.model
+        self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
+                                         config.max_seq_len)
+        self.val = [to_torch(mb, device) for mb in validation_batches(
+            data.val_tokens, data.val_bos, config.val_tokens, config.val_batch_tokens, launch.rank,
+            launch.world_size)]
+        enabled = config.dtype == "bfloat16"
+        self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+        self.clock = TrainClock(device)
+        self.result = RunResult()
+
+    def validate(self, step: int) -> bool:
+        """Validate with the clock stopped and log the line; False when the loss is not finite."""
+        self.clock.stop()
+        val_loss = evaluate(self.forward, self.val, self.autocast, self.launch.world_size)
+        self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
+        self.result.losses.append((step, "val", val_loss))
+        self.clock.start()
+        return math.isfinite(val_loss)
+
+    def train(self, step: int) -> bool:
+        """Optimizer step ``step`` (0-based) and its log line; False (and no update) on a non-finite loss."""
+        cfg = self.config
+        self.optimizers.apply_schedule(step, cfg.schedule_config())
+        mine = self.batches.next_step(cfg.micro_batches, self.launch.rank, self.launch.world_size)
+        loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size)
+        if math.isfinite(loss):
+            self.optimizers.step()
+        self.optimizers.zero_grad()
+        self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
+        self.result.losses.append((step + 1, "train", loss))
+        return math.isfinite(loss)
+
+    def warm_up(self) -> float:
+        """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time."""
+        start = _now()
+        if self.config.compile:
+            _warm_up(self.forward, self.model, self.config.micro_batch_tokens, self.device, self.autocast)
+            self.clock.sync()
+        return _now() - start
+
+    def run(self) -> RunResult:
+        """The training loop; the result's status is ``complete`` or ``diverged`` (after logging why)."""
+        cfg = self.config
+        self.clock.start()
+        for step in range(cfg.steps + 1):
+            if step == cfg.steps or step == 0 or (cfg.val_every and step % cfg.val_every == 0):
+                if not self.validate(step):
+                    return self._diverged("val_loss", step)
+            if step == cfg.steps:
+                break
+            if not self.train(step):
+                return self._diverged("train_loss", step + 1)
+        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
+        return self.result
+
+    def _diverged(self, what: str, step: int) -> RunResult:
+        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
+        self.log.write(f"run diverged: non-finite {what} at step {step}")
+        self.result.status = "diverged"
+        return self.result
+
+
+def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: str | os.PathLike[str],
+                 bos_dir: str | os.PathLike[str], log_path: str | os.PathLike[str],
+                 env: Mapping[str, str] | None = None) -> RunResult:
+    """Train one run and write its log to ``log_path`` (rank 0). Returns its :class:`RunResult` (status
+    ``complete`` or ``diverged``, and the losses).
+
+    ``env``: the launch variables (default ``os.environ``). Raises :class:`SpeedrunError` before anything
+    is written when the world size, device or data do not fit the config; any error during training is
+    logged as ``run failed: ...`` and re-raised.
+    """
+    launch = Launch(os.environ if env is None else env)
+    launch.check(config)
+    device = resolve_device(config.device, launch.local_rank)
+    data = load_training_data(shards_dir, bos_dir)
+    check_data_feeds(config, data)
+    header = _header(config, variant, seed, launch, device, data)
+    with _process_group(launch, device):
+        log = RunLog(log_path if launch.rank == 0 else None)
+        written = False
+        try:
+            run = _Run(config, seed, data, device, launch, log)
+            header["compile_s"] = f"{run.warm_up():.1f}"
+            _write_header(log, header)
+            written = True
+            result = run.run()
+        except BaseException as e:
+            if not written:
+                _write_header(log, header)
+            log.write(peak_memory_line(*peak_memory_mib(device)))
+            log.write(f"run failed: {type(e).__name__}: {' '.join(str(e).split())}")
+            log.finish()
+            raise
+        log.finish()
+    return result
+
+
+def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device: torch.device,
+            data: TrainingData) -> dict[str, Any]:
+    """The header fields (docs/formats.md "Training log"; the provenance keys the log parser reads)."""
+    settings = config.to_json()
+    return {"speedrun": __version__, "variant": variant, "seed": seed, "config": settings,
+            "config_sha256": sha256_text(settings), **code_version(),
+            "world_size": launch.world_size, "tokens_per_step": config.tokens_per_step,
+            "val_tokens": config.val_tokens, "train_data_sha256": data.train_sha256,
+            "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size)}
+
+
+def _write_header(log: RunLog, header: Mapping[str, Any]) -> None:
+    for line in header_lines(header) + environment_lines():
+        log.write(line)
+    log.write(SEPARATOR)
+
+
+@contextlib.contextmanager
+def _process_group(launch: Launch, device: torch.device):
+    """The default process group (NCCL on CUDA, gloo on CPU) for a multi-process run; nothing for one."""
+    if launch.world_size == 1:
+        yield
+        return
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=launch.rank,
+                            world_size=launch.world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True,
+                        help="training settings: a JSON object, or a JSON/YAML file holding one")
+    parser.add_argument("--variant", required=True, help="variant name (written to the log header)")
+    parser.add_argument("--seed", required=True, type=int, help="seed of the initialization")
+    parser.add_argument("--shards-dir", required=True, help="the tokenize stage's folder (manifest.json)")
+    parser.add_argument("--bos-dir", required=True, help="the bos_index stage's folder (one .npy per shard)")
+    parser.add_argument("--out", dest="log", required=True,
+                        help="the training log to write (written under a temporary name, renamed at the end)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads per process (default: torch's, i.e. OMP_NUM_THREADS)")
+
+
+def main(args: argparse.Namespace) -> int:
+    config = TrainConfig.from_dict(load_config_argument(args.config))
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SpeedrunError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    run_training(config, variant=args.variant, seed=args.seed, shards_dir=args.shards_dir,
+                 bos_dir=args.bos_dir, log_path=args.log)
+    return 0

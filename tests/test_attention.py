@@ -1,0 +1,124 @@
+"""Document-causal attention: every backend against a naive per-document, per-query loop in float64
+(values and gradients), with and without a sliding window; the packing helpers on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from speedrun.model.attention import attention
+from speedrun.model.packing import document_causal_mask, document_ids, document_positions
+
+BACKENDS = ["reference", "sdpa", "sdpa_docs"]
+
+
+def naive_attention(q, k, v, cu_seqlens, scale, window=None):
+    """For each document and each query i in it: softmax over keys j of the same document with
+    j <= i (and i - j < window) of scale * q_i . k_j, applied to v_j. Plain loops, no masks."""
+    num_tokens, heads, _ = q.shape
+    out = torch.zeros_like(v)
+    bounds = cu_seqlens.tolist()
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        for i in range(start, stop):
+            first = start if window is None else max(start, i - window + 1)
+            for h in range(heads):
+                scores = torch.stack([scale * torch.dot(q[i, h], k[j, h]) for j in range(first, i + 1)])
+                weights = torch.softmax(scores, dim=0)
+                out[i, h] = sum(w * v[j, h] for w, j in zip(weights, range(first, i + 1)))
+    return out
+
+
+def random_qkv(num_tokens=23, heads=2, dim=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(num_tokens, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(3)]
+
+
+CASES = [
+    (torch.tensor([0, 23], dtype=torch.int32), None),
+    (torch.tensor([0, 5, 6, 14, 23], dtype=torch.int32), None),
+    (torch.tensor([0, 5, 6, 14, 23], dtype=torch.int32), 3),
+    (torch.tensor([0, 23], dtype=torch.int32), 1),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cu_seqlens,window", CASES)
+def test_backend_matches_naive_loop_values_and_gradients(backend, cu_seqlens, window):
+    q, k, v = random_qkv()
+    scale = 0.3
+    expected = naive_attention(q, k, v, cu_seqlens, scale, window)
+    got = attention(q, k, v, cu_seqlens, scale, window, backend=backend)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads_expected = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    grads_got = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    for g_got, g_exp in zip(grads_got, grads_expected):
+        torch.testing.assert_close(g_got, g_exp, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs"])
+def test_fast_backends_equal_reference_in_float32(backend):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(300, 4, 16, generator=g) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 1, 90, 91, 250, 300], dtype=torch.int32)
+    for window in (None, 17):
+        expected = attention(q, k, v, cu_seqlens, 0.25, window, backend="reference")
+        got = attention(q, k, v, cu_seqlens, 0.25, window, backend=backend)
+        torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_a_query_ignores_other_documents():
+    q, k, v = (t.detach() for t in random_qkv())
+    cu_seqlens = torch.tensor([0, 10, 23], dtype=torch.int32)
+    base = attention(q, k, v, cu_seqlens, 0.5)
+    k2, v2 = k.clone(), v.clone()
+    k2[:10] += 5.0
+    v2[:10] -= 3.0
+    changed = attention(q, k2, v2, cu_seqlens, 0.5)
+    torch.testing.assert_close(changed[10:], base[10:], rtol=0, atol=0)
+    assert not torch.allclose(changed[:10], base[:10])
+
+
+def test_unknown_backend_and_bad_window_raise():
+    q, k, v = random_qkv()
+    cu = torch.tensor([0, 23], dtype=torch.int32)
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        attention(q, k, v, cu, 1.0, backend="flash")
+    with pytest.raises(ValueError, match="window"):
+        attention(q, k, v, cu, 1.0, window=0)
+
+
+def test_document_ids_and_positions_restart_at_each_document():
+    cu = torch.tensor([0, 3, 5, 9], dtype=torch.int32)
+    assert document_ids(cu, 9).tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert document_positions(cu, 9).tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert document_positions(torch.tensor([0, 4], dtype=torch.int32), 4).tolist() == [0, 1, 2, 3]
+
+
+def test_document_causal_mask_by_hand():
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    expected = [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    assert document_causal_mask(cu, 5).int().tolist() == expected
+    windowed = [row[:] for row in expected]
+    windowed[4][2] = 0                                    # window 2: token 4 sees 3 and 4 only
+    assert document_causal_mask(cu, 5, window=2).int().tolist() == windowed
+
+
+def test_uniform_attention_averages_the_visible_values():
+    """With q = 0 every visible key gets the same weight: the output is the mean of the visible values."""
+    v = torch.arange(12, dtype=torch.float64).reshape(6, 1, 2)
+    q = torch.zeros(6, 1, 2, dtype=torch.float64)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    out = attention(q, q.clone(), v, cu, 1.0 / math.sqrt(2))
+    expected = torch.stack([v[0], (v[0] + v[1]) / 2, v[2], (v[2] + v[3]) / 2, (v[2] + v[3] + v[4]) / 3,
+                            (v[2] + v[3] + v[4] + v[5]) / 4])
+    torch.testing.assert_close(out, expected)

@@ -1,0 +1,362 @@
+"""The ``speedrun train`` stage: settings validation, the log format (by hand and through the log parser),
+short runs on synthetic and on real text, divergence and failure handling, and (slow) a 2-rank gloo run
+against a 1-rank run with 2 accumulation steps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speedrun import cli
+from speedrun.analysis.logs import read_record
+from speedrun.data.shards import sha256_file, shard_filename, write_shard
+from speedrun.errors import SpeedrunError
+from speedrun.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
+from speedrun.train import TrainConfig, load_config_argument, run_training
+
+BOS = 50256
+STEP_RE = re.compile(r"^step:(\d+)/(\d+) (train|val)_loss:(\S+) train_time:(\d+)ms step_avg:([0-9.]+)ms$")
+# A model small enough for seconds-long runs; the head still spans the full GPT-2 vocabulary.
+SMALL = {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16}
+QUICK = {"preset": "tiny", "model": SMALL, "steps": 6, "tokens_per_step": 512, "micro_batches": 2,
+         "max_seq_len": 128, "val_tokens": 512, "val_batch_tokens": 256, "val_every": 3,
+         "momentum_warmup_steps": 3, "embed_lr": 0.3, "head_lr": 0.02}
+
+
+def write_dataset(root: Path, documents: list[np.ndarray], shard_tokens: int) -> tuple[Path, Path]:
+    """Shards, manifests and BOS indices in the layout of the tokenize and bos_index stages."""
+    stream = np.concatenate([np.concatenate(([BOS], d)) for d in documents]).astype(np.uint16)
+    shards_dir, bos_dir = root / "shards", root / "bos"
+    shards_dir.mkdir(parents=True)
+    bos_dir.mkdir(parents=True)
+    entries, bos_entries = [], []
+    for index, start in enumerate(range(0, len(stream), shard_tokens)):
+        tokens = stream[start:start + shard_tokens]
+        name = shard_filename("synth", index)
+        write_shard(shards_dir / name, tokens)
+        digest = sha256_file(shards_dir / name)
+        entries.append({"file": name, "split": "val" if index == 0 else "train", "tokens": len(tokens),
+                        "sha256": digest})
+        positions = np.flatnonzero(tokens == BOS).astype(np.int64)
+        np.save(bos_dir / name.replace(".bin", ".npy"), positions)
+        bos_entries.append({"file": name.replace(".bin", ".npy"), "shard": name, "shard_sha256": digest,
+                            "count": len(positions)})
+    (shards_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": entries}))
+    (bos_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": bos_entries}))
+    return shards_dir, bos_dir
+
+
+def counting_documents(count: int, seed: int = 0) -> list[np.ndarray]:
+    """Documents that count up from a random start by a per-document stride (mod 97): learnable."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(count):
+        length, start, stride = rng.integers(20, 200), rng.integers(0, 97), rng.integers(1, 4)
+        docs.append((start + stride * np.arange(length)) % 97 + 1000)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> tuple[Path, Path]:
+    return write_dataset(tmp_path_factory.mktemp("synth"), counting_documents(600), shard_tokens=16384)
+
+
+def read_log(path: Path) -> tuple[list[str], list[str], list[tuple]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    sep = lines.index(SEPARATOR)
+    steps = [m.groups() for m in map(STEP_RE.match, lines[sep + 1:]) if m]
+    return lines[:sep], lines[sep + 1:], steps
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+
+
+def test_train_config_from_dict_and_derived_settings():
+    cfg = TrainConfig.from_dict({"steps": 10, "adam_betas": [0.9, 0.99], "model": {"n_layer": 2}})
+    assert cfg.steps == 10 and cfg.adam_betas == (0.9, 0.99)
+    assert cfg.micro_batch_tokens == 4096 // 4
+    assert cfg.model_config().n_layer == 2
+    assert cfg.optim_config().adam_betas == (0.9, 0.99)
+    assert cfg.schedule_config().momentum_end == cfg.muon_momentum
+    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert again.model_config() == cfg.model_config() and again.to_json() == cfg.to_json()
+    assert "\n" not in cfg.to_json()
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"stepz": 3}, "unknown training setting 'stepz'"),
+    ({"model": {"widht": 3}}, "unknown model setting 'widht'"),
+    ({"micro_batches": 3, "world_size": 2, "tokens_per_step": 3}, "not a multiple of train.world_size"),
+    ({"tokens_per_step": 4095}, "tokens_per_step 4095 is not a multiple of train.micro_batches 4"),
+    ({"val_tokens": 1000}, "val_tokens 1000 is not a multiple"),
+    ({"steps": "60"}, "train.steps must be an integer"),
+    ({"steps": True}, "train.steps must be an integer"),
+    ({"compile": "yes"}, "train.compile must be true or false"),
+    ({"device": "tpu"}, "train.device must be one of cpu, cuda, auto"),
+    ({"orthogonalizer": "svd"}, "train.orthogonalizer must be one of"),
+    ({"cooldown_frac": 1.5}, "train.cooldown_frac must be a number in"),
+    ({"muon_momentum": 1.0}, "train.muon_momentum"),
+    ({"adam_betas": [0.9]}, "adam_betas must be a pair"),
+    ({"val_every": -1}, "train.val_every must be an integer >= 0"),
+])
+def test_bad_settings_are_named(settings, match):
+    with pytest.raises(SpeedrunError, match=match):
+        TrainConfig.from_dict(settings)
+
+
+def test_config_argument_is_json_or_a_file(tmp_path):
+    assert load_config_argument('{"steps": 3, "muon_lr": 1e-05}') == {"steps": 3, "muon_lr": 1e-05}
+    (tmp_path / "c.json").write_text('{"steps": 4}')
+    (tmp_path / "c.yaml").write_text("steps: 5\nmodel:\n  n_layer: 2\n")
+    assert load_config_argument(str(tmp_path / "c.json")) == {"steps": 4}
+    assert load_config_argument(str(tmp_path / "c.yaml")) == {"steps": 5, "model": {"n_layer": 2}}
+    with pytest.raises(SpeedrunError, match="neither a JSON object nor an existing file"):
+        load_config_argument(str(tmp_path / "missing.json"))
+    with pytest.raises(SpeedrunError, match="cannot parse"):
+        load_config_argument('{"steps": 3')
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(SpeedrunError, match="mapping"):
+        load_config_argument(str(tmp_path / "list.yaml"))
+
+
+# ---- the log -----------------------------------------------------------------------------------------
+
+
+def test_log_lines_by_hand():
+    assert val_line(0, 60, 10.825839, 0.0) == "step:0/60 val_loss:10.8258 train_time:0ms step_avg:0.00ms"
+    assert val_line(20, 60, 5.41884, 30512.6) == \
+        "step:20/60 val_loss:5.4188 train_time:30513ms step_avg:1525.63ms"
+    assert train_line(3, 60, 9.89844, 4500.0) == "step:3/60 train_loss:9.8984 train_time:4500ms step_avg:1500.00ms"
+    assert train_line(1, 2, float("nan"), 10.0) == "step:1/2 train_loss:nan train_time:10ms step_avg:10.00ms"
+    assert peak_memory_line(12, 34) == "peak memory allocated: 12 MiB reserved: 34 MiB"
+    assert SEPARATOR == "=" * 100
+
+
+def test_run_log_appears_under_its_name_only_when_finished(tmp_path, capsys):
+    log = RunLog(tmp_path / "sub" / "run.txt")
+    log.write("speedrun: 0")
+    assert not (tmp_path / "sub" / "run.txt").exists()
+    assert log.tmp_path.read_text() == "speedrun: 0\n"              # flushed: a user can tail it
+    log.finish()
+    assert (tmp_path / "sub" / "run.txt").read_text() == "speedrun: 0\n"
+    assert list((tmp_path / "sub").iterdir()) == [tmp_path / "sub" / "run.txt"]
+    assert capsys.readouterr().out == "speedrun: 0\n"
+    silent = RunLog(None)
+    silent.write("nothing")
+    silent.finish()
+
+
+# ---- runs --------------------------------------------------------------------------------------------
+
+
+def test_a_short_run_writes_the_documented_log_and_learns(synthetic, tmp_path):
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 5})
+    log = tmp_path / "train" / "seed3.txt"
+    result = run_training(cfg, variant="base", seed=3, shards_dir=shards, bos_dir=bos, log_path=log, env={})
+    assert result.status == "complete"
+    header, body, steps = read_log(log)
+    fields = dict(line.split(": ", 1) for line in header if not line.startswith("Running "))
+    assert list(fields)[:4] == ["speedrun", "variant", "seed", "config"]
+    assert fields["speedrun"] == "0.1.0" and fields["variant"] == "base" and fields["seed"] == "3"
+    assert fields["config"] == cfg.to_json()
+    assert fields["config_sha256"] == hashlib.sha256(cfg.to_json().encode()).hexdigest()
+    assert (fields["world_size"], fields["tokens_per_step"], fields["val_tokens"], fields["device"]) == \
+        ("1", "512", "512", "cpu")
+    assert fields["val_data_sha256"] == sha256_file(shards / "synth_val_000000.bin")
+    assert re.fullmatch(r"[0-9a-f]{64}", fields["train_data_sha256"])
+    assert fields["compile_s"] == "0.0"
+    assert any(h.startswith("Running Python ") for h in header)
+    assert any(h.startswith("Running PyTorch ") for h in header)
+    assert [(int(s), k) for s, _, k, *_ in steps if k == "val"] == [(0, "val"), (5, "val"), (10, "val"),
+                                                                   (12, "val")]
+    assert [int(s) for s, _, k, *_ in steps if k == "train"] == list(range(1, 13))
+    assert body[-1].startswith("peak memory allocated: ") and len(body) == 12 + 4 + 1
+    times = [int(t) for *_, t, _ in steps]
+    assert times == sorted(times)
+    val = [float(x) for _, _, k, x, *_ in steps if k == "val"]
+    assert val[0] == pytest.approx(math.log(50304), abs=1e-3)
+    assert val[-1] < val[0] - 3.0
+    record = read_record(log)
+    assert (record.status, record.steps, record.seed, record.variant, record.world_size) == \
+        ("complete", 12, 3, "base", 1)
+    assert (record.val_tokens, record.tokens_per_step, record.compile_s) == (512, 512, 0.0)
+    assert record.val_data_sha256 == fields["val_data_sha256"]
+    assert record.val_loss == pytest.approx(val[-1], abs=1e-4)
+    assert [(s, k) for s, k, _ in result.losses] == [(int(s), k) for s, _, k, *_ in steps]
+    assert [round(x, 4) for *_, x in result.losses] == pytest.approx([float(x) for _, _, _, x, *_ in steps])
+    assert sorted(p.name for p in log.parent.iterdir()) == ["seed3.txt"]
+
+
+def test_the_same_seed_repeats_and_another_seed_differs(synthetic, tmp_path):
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 2, "val_every": 0})
+    losses = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        run_training(cfg, variant="v", seed=seed, shards_dir=shards, bos_dir=bos, log_path=tmp_path / name,
+                     env={})
+        losses.append([x for _, _, k, x, *_ in read_log(tmp_path / name)[2] if k == "train"])
+    assert losses[0] == losses[1] and losses[0] != losses[2]
+
+
+def test_absurd_lr_diverges_with_exit_status_zero(synthetic, tmp_path, capsys):
+    shards, bos = synthetic
+    settings = json.dumps({**QUICK, "head_lr": 1e36})      # head weights ~1e36: the summed loss overflows
+    log = tmp_path / "diverged.txt"
+    rc = cli.main(["train", "--config", settings, "--variant", "v", "--seed", "0", "--shards-dir", str(shards),
+                   "--bos-dir", str(bos), "--out", str(log)])
+    assert rc == 0
+    lines = log.read_text().splitlines()
+    assert lines[-1] == "run diverged: non-finite train_loss at step 2"
+    assert lines[-2].startswith("peak memory allocated: ")
+    assert re.match(r"step:2/6 train_loss:(nan|inf) ", lines[-3])
+    assert read_record(log).status == "diverged"
+
+
+def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkeypatch):
+    import speedrun.train as train_module
+
+    shards, bos = synthetic
+    real_step = train_module.train_step
+    calls = []
+
+    def failing_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire\nsecond line")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_step", failing_step)
+    log = tmp_path / "failed.txt"
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        run_training(TrainConfig.from_dict(QUICK), variant="v", seed=0, shards_dir=shards, bos_dir=bos,
+                     log_path=log, env={})
+    lines = log.read_text().splitlines()
+    assert lines[-1] == "run failed: RuntimeError: disk on fire second line"
+    assert read_record(log).status == "failed"
+
+
+def test_mismatched_world_size_and_too_little_data_fail_before_writing(synthetic, tmp_path):
+    shards, bos = synthetic
+    log = tmp_path / "never.txt"
+    two = TrainConfig.from_dict({**QUICK, "world_size": 2})
+    with pytest.raises(SpeedrunError, match="world_size is 2 but this run was launched with WORLD_SIZE=1"):
+        run_training(two, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log,
+                     env={"WORLD_SIZE": "1"})
+    long = TrainConfig.from_dict({**QUICK, "steps": 10_000})
+    with pytest.raises(SpeedrunError, match="feed .* steps"):
+        run_training(long, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log, env={})
+    with pytest.raises(SpeedrunError, match="manifest.json: not found"):
+        run_training(TrainConfig.from_dict(QUICK), variant="v", seed=0, shards_dir=tmp_path, bos_dir=bos,
+                     log_path=log, env={})
+    assert not log.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def shakespeare(tmp_path_factory) -> tuple[Path, Path]:
+    """The embedded corpus through the real corpus, tokenize and bos-index stages."""
+    root = tmp_path_factory.mktemp("shakespeare")
+    docs = root / "documents.parquet"
+    assert cli.main(["corpus", "--shuffle-seed", "1234", "--out", str(docs)]) == 0
+    assert cli.main(["tokenize", "--documents", str(docs), "--dataset", "shakespeare", "--shard-tokens",
+                     "262144", "--out-dir", str(root / "shards")]) == 0
+    assert cli.main(["bos-index", "--shards-dir", str(root / "shards"), "--out-dir", str(root / "bos")]) == 0
+    return root / "shards", root / "bos"
+
+
+def test_loss_falls_on_shakespeare(shakespeare, tmp_path):
+    shards, bos = shakespeare
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 16, "tokens_per_step": 1024, "val_tokens": 1024,
+                                 "val_batch_tokens": 512, "val_every": 0, "max_seq_len": 512})
+    run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "s.txt", env={})
+    val = [float(x) for _, _, k, x, *_ in read_log(tmp_path / "s.txt")[2] if k == "val"]
+    assert val[0] == pytest.approx(math.log(50304), abs=1e-3)
+    assert val[-1] < 7.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_worker(rank, world, port, settings, shards, bos, log, queue):
+    """One rank of a gloo run started by torch.multiprocessing; puts its full-precision losses."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)})
+    import torch
+
+    torch.set_num_threads(1)
+    result = run_training(TrainConfig.from_dict(settings), variant="v", seed=0, shards_dir=shards,
+                          bos_dir=bos, log_path=log)
+    queue.put((rank, result.losses))
+
+
+def _run_ranks(world, settings, shards, bos, log):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_worker, args=(r, world, port, settings, shards, bos, log, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps(synthetic, tmp_path):
+    shards, bos = synthetic
+    base = {**QUICK, "steps": 5, "val_every": 2, "micro_batches": 2}
+    one = _run_ranks(1, {**base, "world_size": 1}, shards, bos, tmp_path / "one.txt")[0]
+    two = _run_ranks(2, {**base, "world_size": 2}, shards, bos, tmp_path / "two.txt")
+    assert two[0] == two[1]                                   # every rank saw the same averaged losses
+    assert [(s, k) for s, k, _ in one] == [(s, k) for s, k, _ in two[0]] and len(one) == 5 + 4
+    for (_, _, a), (_, _, b) in zip(one, two[0]):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert "world_size: 2" in (tmp_path / "two.txt").read_text()
+    assert read_record(tmp_path / "two.txt").status == "complete"
+
+
+@pytest.mark.slow
+def test_torchrun_launches_the_stage_on_two_ranks(synthetic, tmp_path):
+    shards, bos = synthetic
+    bin_dir = Path(sys.executable).parent
+    log = tmp_path / "torchrun.txt"
+    settings = json.dumps({**QUICK, "steps": 2, "world_size": 2})
+    cmd = [str(bin_dir / "torchrun"), "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "--no-python", str(bin_dir / "speedrun"), "train", "--config",
+           settings, "--variant", "v", "--seed", "0", "--shards-dir", str(shards), "--bos-dir", str(bos),
+           "--out", str(log)]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = read_record(log)
+    assert (record.status, record.world_size, record.steps) == ("complete", 2, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_short_run_on_the_gpu(synthetic, tmp_path):
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "device": "cuda"})
+    result = run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "g.txt",
+                          env={})
+    record = read_record(tmp_path / "g.txt")
+    assert result.status == record.status == "complete" and record.gpu_count == 1
+    assert result.losses[-1][2] < result.losses[0][2]
