@@ -1,0 +1,233 @@
+"""The whole pipeline on a micro config, through the Snakemake API, and the rerun rules through `snakemake -n`.
+
+The workflow (Snakefile, workflow/, src/) is copied into a temporary folder so that the tests can edit the
+package's code and the config there; the copied package is the one every stage imports (PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def _env(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(workdir / "src")
+    env.pop("PYTHONSAFEPATH", None)
+    return env
+
+
+def _snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The snakemake command line in `workdir` (the copied workflow)."""
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args]
+    proc = subprocess.run(cmd, cwd=workdir, env=_env(workdir), capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """Rule -> job count from the `Job stats` table of a dry run ({} when nothing is to be done)."""
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1]
+    counts = {}
+    for line in table.splitlines()[3:]:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    counts.pop("total", None)
+    return counts
+
+
+def _write_config(workdir: Path, cfg: dict) -> None:
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def _run_api(workdir: Path, targets: set[str]) -> None:
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings(quiet=None)) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            snakefile=workdir / "Snakefile",
+            workdir=workdir,
+        )
+        wf.dag(DAGSettings(targets=frozenset(targets))).execute_workflow(executor="local")
+
+
+@pytest.fixture(scope="module")
+def micro_config() -> dict:
+    return yaml.safe_load(MICRO.read_text())
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory, micro_config):
+    """A copied workflow that has run end to end once on the micro config."""
+    workdir = tmp_path_factory.mktemp("workflow")
+    shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
+    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
+    _write_config(workdir, micro_config)
+
+    saved_env, saved_path = dict(os.environ), list(sys.path)
+    saved_modules = {k: v for k, v in sys.modules.items() if k == "speedrun" or k.startswith("speedrun.")}
+    os.environ.update({k: v for k, v in _env(workdir).items() if k in ("PATH", "PYTHONPATH")})
+    sys.path.insert(0, str(workdir / "src"))
+    for name in saved_modules:
+        del sys.modules[name]
+    try:
+        _run_api(workdir, {"report"})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.path[:] = saved_path
+        for name in [k for k in sys.modules if k == "speedrun" or k.startswith("speedrun.")]:
+            del sys.modules[name]
+        sys.modules.update(saved_modules)
+    return workdir
+
+
+def test_every_stage_wrote_its_outputs(workflow, micro_config):
+    manifest = json.loads((workflow / "results/shards/shakespeare/manifest.json").read_text())
+    assert manifest["shards"][0]["file"] == "shakespeare_val_000000.bin"
+    assert [s["split"] for s in manifest["shards"]][1:] == ["train"] * (len(manifest["shards"]) - 1)
+    bos = sorted(p.name for p in (workflow / "results/bos_index/shakespeare").glob("*.npy"))
+    assert bos == sorted(s["file"].replace(".bin", ".npy") for s in manifest["shards"])
+    steps = micro_config["train"]["steps"]
+    log = (workflow / "results/train/baseline/seed0.txt").read_text()
+    assert re.search(rf"^step:{steps}/{steps} val_loss:\d+\.\d+ train_time:\d+ms", log, re.M)
+    for name in ("summary.md", "runs.csv", "val_loss.png", "final_val_loss.png"):
+        assert (workflow / "results/report" / name).stat().st_size > 0
+    assert (workflow / "results/report/val_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_statistics_count_complete_runs_and_list_the_diverged_one(workflow):
+    summary = {g["group"]: g for g in json.loads((workflow / "results/stats/summary.json").read_text())}
+    assert summary["baseline"]["n"] == 2 and summary["candidate"]["n"] == 2
+    assert summary["unstable"]["n"] == 0
+    assert [r["status"] for r in summary["unstable"]["runs"]] == ["diverged"]
+    record = json.loads((workflow / "results/parse/unstable/seed0.json").read_text())
+    assert record["status"] == "diverged" and record["val_loss"] is None
+    report = (workflow / "results/report/summary.md").read_text()
+    assert "unstable seed 0 (diverged)" in report
+    # The tiny model learns in 4 steps: every complete run ends below ln(50304) = 10.83 and the target 11.
+    losses = [r["val_loss"] for g in ("baseline", "candidate") for r in summary[g]["runs"]]
+    assert all(loss < 10.8 for loss in losses)
+    assert summary["baseline"]["p_value"] < 0.01
+
+
+def test_second_run_does_nothing(workflow):
+    assert _planned_jobs(_snakemake(workflow, "-n", "report")) == {}
+
+
+def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["candidate"]["train"]["muon_lr"] = 0.03
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, "-n", "report")
+    finally:
+        _write_config(workflow, micro_config)
+    jobs = _planned_jobs(proc)
+    assert jobs["train"] == 2 and jobs["parse"] == 2
+    assert "results/train/baseline" not in proc.stdout
+    assert not {"corpus", "tokenize", "bos_index"} & jobs.keys()
+
+
+def test_adding_a_seed_adds_one_run(workflow, micro_config):
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["baseline"]["seeds"].append(7)
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, "-n", "report")
+    finally:
+        _write_config(workflow, micro_config)
+    jobs = _planned_jobs(proc)
+    assert jobs["train"] == 1 and "results/train/baseline/seed7.txt" in proc.stdout
+    assert not {"corpus", "tokenize", "bos_index"} & jobs.keys()
+
+
+def test_changing_report_options_reruns_only_the_report(workflow, micro_config):
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["report"]["zoom_last_fraction"] = 0.25
+    _write_config(workflow, cfg)
+    try:
+        jobs = _planned_jobs(_snakemake(workflow, "-n", "report"))
+    finally:
+        _write_config(workflow, micro_config)
+    assert set(jobs) == {"report"}
+
+
+@pytest.mark.parametrize(
+    ("edited", "reruns", "never"),
+    [
+        ("src/speedrun/model/gpt.py", {"train", "parse", "stats", "compare", "report"}, {"corpus", "tokenize", "bos_index"}),
+        ("src/speedrun/analysis/logs.py", {"parse", "stats", "compare", "report"}, {"corpus", "tokenize", "bos_index", "train"}),
+        ("src/speedrun/data/tokenizer.py", {"tokenize", "bos_index", "train"}, {"corpus"}),
+    ],
+)
+def test_code_edit_reruns_the_stages_that_import_it(workflow, edited, reruns, never):
+    path = workflow / edited
+    original = path.read_text()
+    path.write_text(original + "\n# an edit\n")
+    try:
+        proc = _snakemake(workflow, "-n", "report")
+    finally:
+        path.write_text(original)
+    jobs = _planned_jobs(proc)
+    assert reruns <= jobs.keys(), jobs
+    assert not never & jobs.keys(), jobs
+    assert f"Updated input files: {edited}" in proc.stdout or edited in proc.stdout
+
+
+def test_impossible_batch_is_refused_before_training(workflow, micro_config):
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["train"]["steps"] = 100000
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, "-n", "report", check=False)
+    finally:
+        _write_config(workflow, micro_config)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "100000 steps" in out and "train shards" in out
+
+
+def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config):
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["stats"]["baseline"] = "nope"
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, "-n", check=False)
+    finally:
+        _write_config(workflow, micro_config)
+    assert proc.returncode != 0 and "stats.baseline is 'nope'" in proc.stdout + proc.stderr
+
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["baseline"]["seeds"] = [0, 0]
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, "-n", check=False)
+    finally:
+        _write_config(workflow, micro_config)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "seeds" in out and "non-unique" in out
