@@ -122,3 +122,42 @@ def test_uniform_attention_averages_the_visible_values():
     expected = torch.stack([v[0], (v[0] + v[1]) / 2, v[2], (v[2] + v[3]) / 2, (v[2] + v[3] + v[4]) / 3,
                             (v[2] + v[3] + v[4] + v[5]) / 4])
     torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("cu_seqlens,window", CASES)
+def test_flex_backend_forward_matches_naive_loop_on_cpu(cu_seqlens, window):
+    """FlexAttention has no CPU backward: the forward here, the gradients in the GPU test below."""
+    q, k, v = (t.detach() for t in random_qkv())
+    expected = naive_attention(q, k, v, cu_seqlens, 0.3, window)
+    got = attention(q, k, v, cu_seqlens, 0.3, window, backend="flex")
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_flex_backend_over_several_128_token_blocks_equals_reference():
+    """Windows of 1 and 2 blocks of 128 tokens, documents that straddle block boundaries, a ragged end."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(421, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 100, 101, 300, 421], dtype=torch.int32)
+    for window in (None, 128, 256):
+        expected = attention(q, k, v, cu_seqlens, 0.4, window, backend="reference")
+        got = attention(q, k, v, cu_seqlens, 0.4, window, backend="flex")
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs", "flex"])
+def test_gpu_backends_match_reference_values_and_gradients_in_bfloat16(backend):
+    g = torch.Generator().manual_seed(5)
+    shape = (1000, 4, 64)
+    q, k, v = (torch.randn(shape, generator=g).cuda().bfloat16().requires_grad_() for _ in range(3))
+    cu_seqlens = torch.tensor([0, 130, 131, 600, 1000], dtype=torch.int32, device="cuda")
+    weights = torch.randn(shape, generator=g).cuda()
+    for window in (None, 128, 384):
+        ref = attention(*(t.float() for t in (q, k, v)), cu_seqlens, 0.125, window, backend="reference")
+        got = attention(q, k, v, cu_seqlens, 0.125, window, backend=backend)
+        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+        grads_ref = torch.autograd.grad((ref * weights).sum(), (q, k, v))
+        grads_got = torch.autograd.grad((got.float() * weights).sum(), (q, k, v))
+        for g_got, g_ref in zip(grads_got, grads_ref):
+            torch.testing.assert_close(g_got.float(), g_ref.float(), rtol=5e-2, atol=5e-2)

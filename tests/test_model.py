@@ -18,7 +18,8 @@ from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
-from speedrun.model.rotary import apply_rotary, rotary_frequencies, rotary_tables
+from speedrun.model.rotary import (apply_rotary, rotary_frequencies, rotary_tables, yarn_attention_scale,
+                                   yarn_frequencies)
 
 SMALL = dict(vocab_size=320, n_layer=2, model_dim=32, n_head=2, head_dim=16, attention_backend="reference")
 
@@ -192,3 +193,129 @@ def test_parameter_kinds_put_every_block_matrix_in_muon_and_the_rest_in_adam():
     expected = {f"blocks.{i}.{m}.weight" for i in range(2)
                 for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj")}
     assert matrices == expected
+
+
+def test_record_switches_are_the_gpt124m_defaults_and_off_in_tiny():
+    wide, tiny = PRESETS["gpt124m"], PRESETS["tiny"]
+    assert (wide.rope, wide.attention_scale, wide.yarn) == ("half_truncated", 0.1, True)
+    assert (wide.window_pattern, wide.window_block_size) == ("SSSLSSSSSSSL", 128)
+    assert (wide.window_short_blocks, wide.window_long_blocks) == (1, 3)
+    assert (wide.logit_softcap, wide.softcap_kind) == (23.0, "shifted_sigmoid")
+    assert (tiny.rope, tiny.attention_scale, tiny.yarn, tiny.window_pattern) == ("full", None, False, "")
+    with pytest.raises(SpeedrunError, match="yarn"):
+        build_model_config("tiny", {"yarn": True})
+    with pytest.raises(SpeedrunError, match="rope must be one of"):
+        build_model_config("tiny", {"rope": "partial"})
+    with pytest.raises(SpeedrunError, match="multiple of 4"):
+        build_model_config("tiny", {"rope": "half_truncated", "head_dim": 6})
+
+
+def test_half_truncated_frequencies_by_hand():
+    """Record #17: 32 frequencies (1/1024)^linspace(0, 1, 32) for head_dim 128."""
+    freqs = rotary_frequencies(128, 10000.0, mode="half_truncated").double()
+    assert freqs.shape == (32,)
+    assert freqs.tolist() == pytest.approx([1024.0 ** (-i / 31) for i in range(32)], rel=1e-6)
+    assert rotary_frequencies(8, 10000.0, mode="half_truncated").tolist() == pytest.approx([1.0, 1 / 1024])
+
+
+def test_half_truncated_rotary_turns_adjacent_pairs_of_the_first_half_only():
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 2, 8, generator=g, dtype=torch.float64)
+    positions = torch.tensor([0, 1, 3, 0, 7])
+    freqs = torch.tensor([1.0, 0.25], dtype=torch.float64)
+    cos, sin = rotary_tables(positions, freqs)
+    got = apply_rotary(x, cos.double(), sin.double(), "half_truncated")
+    for t in range(5):
+        for i, f in enumerate(freqs.tolist()):
+            z = complex(x[t, 0, 2 * i], x[t, 0, 2 * i + 1]) * complex(math.cos(positions[t] * f),
+                                                                       math.sin(positions[t] * f))
+            assert (got[t, 0, 2 * i].item(), got[t, 0, 2 * i + 1].item()) == pytest.approx((z.real, z.imag))
+    torch.testing.assert_close(got[..., 4:], x[..., 4:], rtol=0, atol=0)     # dims 4..7 stay put
+
+
+def test_yarn_frequencies_and_scale_by_hand():
+    """Window 128 -> 384 tokens (s = 1/3): frequencies turning 40, 10, 0.5 and 0 times in the old window."""
+    old, new = 128, 384
+    turns = torch.tensor([40.0, 10.0, 0.5, 0.0], dtype=torch.float64)
+    freqs = 2 * math.pi * turns / old
+    got = yarn_frequencies(freqs, old, new)
+    w = 9.0 / 31.0                                          # (10 - alpha 1) / (beta 32 - alpha 1)
+    expected = [freqs[0].item(), freqs[1].item() * (1 / 3 + w * 2 / 3), freqs[2].item() / 3, 0.0]
+    assert got.tolist() == pytest.approx(expected, rel=1e-12)
+    assert yarn_attention_scale(0.1, old, new) == pytest.approx(0.1 * (1 + 0.2 * math.log(3)))
+    torch.testing.assert_close(yarn_frequencies(freqs, old, old), freqs)
+
+
+def test_model_applies_yarn_when_the_long_window_grows():
+    cfg = build_model_config("tiny", {**SMALL, "rope": "half_truncated", "attention_scale": 0.1, "yarn": True,
+                                      "window_pattern": "SL", "window_block_size": 4})
+    model = GPT(cfg)
+    start = model.rotary_frequencies.clone()
+    assert model.layer_windows() == [4, 12]
+    model.set_window_blocks(2, 3)                                 # short only: no rescale
+    torch.testing.assert_close(model.rotary_frequencies, start, rtol=0, atol=0)
+    assert model.attention_scale == 0.1 and model.layer_windows() == [8, 12]
+    model.set_window_blocks(2, 7)                                 # long 12 -> 28 tokens
+    torch.testing.assert_close(model.rotary_frequencies, yarn_frequencies(start, 12, 28))
+    assert model.attention_scale == pytest.approx(0.1 * (1 + 0.2 * math.log(28 / 12)))
+    plain = GPT(build_model_config("tiny", {**SMALL, "window_pattern": "SL", "window_block_size": 4}))
+    before = plain.rotary_frequencies.clone()
+    plain.set_window_blocks(2, 7)
+    assert plain.attention_scale == 16 ** -0.5
+    torch.testing.assert_close(plain.rotary_frequencies, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_shifted_sigmoid_softcap_against_float64_reference(chunk):
+    """Record #54: logits 23 * sigmoid((z + 5) / 7.5), written out here by hand."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(19, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 50, (19,), generator=g)
+    z = 3.0 * x @ w.T
+    logits = 23.0 / (1.0 + torch.exp(-(z + 5.0) / 7.5))
+    expected = F.cross_entropy(logits, t)
+    ex, ew = torch.autograd.grad(expected, (x, w))
+    for impl in ("full", "chunked"):
+        got = linear_cross_entropy(3.0 * x, w, t, softcap=23.0, softcap_kind="shifted_sigmoid", impl=impl,
+                                   chunk_tokens=chunk)
+        gx, gw = torch.autograd.grad(got, (x, w))
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(gx, ex, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(gw, ew, rtol=1e-10, atol=1e-12)
+
+
+def _record_model(backend="reference"):
+    cfg = build_model_config("gpt124m", {"vocab_size": 320, "n_layer": 3, "model_dim": 32, "n_head": 2,
+                                         "head_dim": 16, "window_pattern": "SLS", "window_block_size": 4,
+                                         "value_embed_layers": [0, 2], "attention_backend": backend,
+                                         "loss_chunk_tokens": 16})
+    torch.manual_seed(0)
+    model = GPT(cfg).double()
+    with torch.no_grad():                       # move the switches off their identity initialization
+        for block in model.blocks:
+            block.lambdas.copy_(torch.tensor([0.9, 0.3]))
+        model.smear.lambda_.fill_(0.5)
+        model.smear.gate.normal_()
+    return model
+
+
+def test_gpt124m_switches_agree_across_backends_and_untie():
+    inputs, targets, cu = batch()
+    ref = _record_model()
+    loss = ref(inputs, targets, cu)
+    for backend in ("sdpa", "sdpa_docs", "flex"):
+        with torch.no_grad():
+            torch.testing.assert_close(_record_model(backend)(inputs, targets, cu), loss.detach())
+    loss.backward()
+    grads = {n: p.grad for n, p in ref.named_parameters()}
+    assert grads["embed.weight"] is None                              # tied: the head's weight serves both
+    assert all(g is not None for n, g in grads.items() if n != "embed.weight")
+    assert ref.config.value_embed_layers == (0, 2)
+    ref.untie_embed_head()
+    torch.testing.assert_close(ref.embed.weight, ref.lm_head.weight, rtol=0, atol=0)
+    ref.zero_grad()
+    ref(inputs, targets, cu).backward()
+    assert ref.embed.weight.grad is not None and ref.embed.weight.grad.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="not tied"):
+        ref.untie_embed_head()

@@ -11,22 +11,28 @@ document at or before it, optionally within a sliding ``window`` of tokens (reco
 * ``"sdpa_docs"`` (default): one causal SDPA call per document (flash kernels; a band mask when a window is
   set). Costs sum(L_d²) instead of T²: the fastest backend here on CPU and on an H200 until a varlen
   kernel lands. It reads ``cu_seqlens`` on the host (one sync per layer on a GPU).
+* ``"flex"``: ``torch.nn.attention.flex_attention`` with a block mask (128-token blocks) built from
+  ``cu_seqlens`` and the window (records #12, #13: FlexAttention with document masking and sliding windows).
+  On CUDA it runs ``torch.compile(flex_attention)`` (the fused kernel); on a CPU the eager, unfused
+  implementation, forward only (torch has no CPU backward for it): a test and debugging path.
 
-A backend for FlexAttention or varlen flash attention is a function with the signature of
-:data:`Backend` registered under a name of :data:`speedrun.model.config.AttentionBackend`.
+Another backend (varlen flash attention) is a function with the signature of :data:`Backend` registered
+under a name of :data:`speedrun.model.config.AttentionBackend`.
 
 Shape legend: T tokens, H heads, D head_dim, L_d tokens of document d.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from speedrun.model.packing import document_causal_mask
+from speedrun.model.packing import document_causal_mask, document_ids
 
 # SDPA kernels allowed: not cuDNN, which builds an execution plan per new sequence length (seconds per
 # step with documents of varying length on an H200, torch 2.11).
@@ -92,6 +98,38 @@ def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: to
                 out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=band, scale=scale)
         outs.append(out[0].transpose(0, 1))                                      # (L_d, H, D)
     return torch.cat(outs, dim=0)
+
+
+@register_backend("flex")
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+          window: int | None) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    num_tokens = q.size(0)
+    docs = document_ids(cu_seqlens, num_tokens)                                  # (T,)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+        return keep if window is None else keep & (q_idx - kv_idx < window)
+
+    block_mask = create_block_mask(document_causal, None, None, num_tokens, num_tokens, device=q.device)
+    out = _flex_attention(q.is_cuda)(*_heads_first(q, k, v), block_mask=block_mask, scale=scale)
+    return out[0].transpose(0, 1)                                                # (T, H, D)
+
+
+@functools.cache
+def _flex_attention(cuda: bool) -> Callable[..., torch.Tensor]:
+    """``flex_attention``, compiled for CUDA (built on first use: nothing is compiled at import)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if cuda:
+        return torch.compile(flex_attention, dynamic=False)
+
+    def eager(*args, **kwargs):
+        with warnings.catch_warnings():        # the eager path warns that it is unfused: known and intended
+            warnings.simplefilter("ignore", UserWarning)
+            return flex_attention(*args, **kwargs)
+    return eager
 
 
 def _heads_first(*tensors: torch.Tensor) -> list[torch.Tensor]:

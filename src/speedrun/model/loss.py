@@ -1,13 +1,16 @@
 """The LM head and the next-token cross-entropy, fused and computed in chunks of tokens.
 
-``loss = mean_t CE(softcap(x_t Wᵀ), target_t)`` for hidden states x (T, C), head weight W (V, C).
+``loss = mean_t CE(softcap(x_t Wᵀ), target_t)`` for hidden states x (T, C), head weight W (V, C). The softcap
+is ``c * tanh(z / c)`` (``"tanh"``, records #9, #18) or ``c * sigmoid((z + 5) / 7.5)`` (``"shifted_sigmoid"``,
+record #54 with c = 23: logits in (0, c), an asymmetric cap).
 
 * ``"full"``: materializes the (T, V) logits and lets autograd differentiate ``F.cross_entropy``. Simple,
   the reference of the tests; on a CPU it pays for several passes over a (T, 50304) fp32 array.
 * ``"chunked"``: processes ``chunk_tokens`` tokens at a time in buffers that stay in cache, and computes the
   gradients with respect to x and W in the same pass (the public speedrun's fused CE kernels compute the
   gradient in the forward pass too, records #60, #75, #79). dL/dz = softmax(z) - onehot(target), times
-  1 - tanh² of the softcap. The matrix products run in ``compute_dtype`` (bf16 under autocast), the
+  the softcap's derivative: 1 - (y/c)² for tanh, y (c - y) / (7.5 c) for the shifted sigmoid (y the capped
+  logit). The matrix products run in ``compute_dtype`` (bf16 under autocast), the
   softmax and the sums in fp32 (fp64 when the products are fp64).
 
 The per-token loss is -log softmax(z)_target; where that probability underflows (a loss above ~69 nats) it
@@ -23,31 +26,47 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from speedrun.model.config import SoftcapKind
+
 _TINY_PROB = 1e-30
+SIGMOID_SHIFT = 5.0
+SIGMOID_TEMPERATURE = 7.5
+
+
+def softcap_logits(z: torch.Tensor, softcap: float | None, kind: SoftcapKind = "tanh") -> torch.Tensor:
+    """The capped logits (same shape and dtype as ``z``): z itself for None, ``c * tanh(z / c)`` for
+    ``"tanh"``, ``c * sigmoid((z + 5) / 7.5)`` for ``"shifted_sigmoid"`` (record #54, c = 23)."""
+    if softcap is None:
+        return z
+    if kind == "tanh":
+        return softcap * torch.tanh(z / softcap)
+    if kind == "shifted_sigmoid":
+        return softcap * torch.sigmoid((z + SIGMOID_SHIFT) / SIGMOID_TEMPERATURE)
+    raise ValueError(f"unknown softcap kind {kind!r}; expected 'tanh' or 'shifted_sigmoid'")
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                         softcap: float | None = None, impl: Literal["full", "chunked"] = "chunked",
+                         softcap: float | None = None, softcap_kind: SoftcapKind = "tanh",
+                         impl: Literal["full", "chunked"] = "chunked",
                          chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Mean cross-entropy (nats per token; an fp32 scalar, fp64 for fp64 products) of the logits
     ``softcap(x @ weight.T)``.
 
-    x: (T, C) float; weight: (V, C) float; targets: (T,) int64 in 0..V-1; softcap: None or c > 0 for
-    ``c * tanh(z / c)``; compute_dtype: dtype of the matrix products (default: x's dtype).
+    x: (T, C) float; weight: (V, C) float; targets: (T,) int64 in 0..V-1; softcap: None or c > 0, applied as
+    ``softcap_kind`` (:func:`softcap_logits`); compute_dtype: dtype of the matrix products (default: x's dtype).
     Differentiable in x and weight for both ``impl``.
     """
     dtype = compute_dtype or x.dtype
     with torch.autocast(x.device.type, enabled=False):
         if impl == "full":
             logits = F.linear(x.to(dtype), weight.to(dtype)).to(_accumulation_dtype(dtype))  # (T, V)
-            if softcap is not None:
-                logits = softcap * torch.tanh(logits / softcap)
-            return F.cross_entropy(logits, targets)
+            return F.cross_entropy(softcap_logits(logits, softcap, softcap_kind), targets)
         if impl != "chunked":
             raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full' or 'chunked'")
+        cap = None if softcap is None else (softcap, softcap_kind)
         if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
-            return chunked_cross_entropy(x, weight, targets, softcap, chunk_tokens, dtype, False, False)[0]
-        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, softcap, chunk_tokens, dtype)
+            return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False)[0]
+        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -73,12 +92,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 @torch.no_grad()
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          softcap: float | None, chunk_tokens: int, dtype: torch.dtype,
+                          softcap: tuple[float, SoftcapKind] | None, chunk_tokens: int, dtype: torch.dtype,
                           need_x: bool = True, need_w: bool = True
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, dloss/dx, dloss/dW)``: fp32 scalar mean loss, (T, C) and (V, C) gradients in fp32 (fp64 when
-    ``dtype`` is fp64; empty tensors when not ``need_x`` / ``need_w``). Inputs as for
-    :func:`linear_cross_entropy`."""
+    ``dtype`` is fp64; empty tensors when not ``need_x`` / ``need_w``). ``softcap``: None or (c, kind).
+    Other inputs as for :func:`linear_cross_entropy`."""
     num_tokens, vocab, dim = x.size(0), weight.size(0), weight.size(1)
     xs, w = x.to(dtype), weight.to(dtype)
     acc = _accumulation_dtype(dtype)
@@ -111,13 +130,14 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _loss_and_grad(z: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, softcap: float | None,
-                   losses: torch.Tensor, need_grad: bool) -> torch.Tensor:
+def _loss_and_grad(z: torch.Tensor, p: torch.Tensor, targets: torch.Tensor,
+                   softcap: tuple[float, SoftcapKind] | None, losses: torch.Tensor, need_grad: bool
+                   ) -> torch.Tensor:
     """From the raw logits ``z`` (c, V) fp32: per-token losses into ``losses`` (c,) and, in ``p`` (c, V),
     dL_t/dz_t = (softmax - onehot) · softcap' (with ``need_grad``; else p holds the softmax). Overwrites
     ``z``."""
     if softcap is not None:
-        z.div_(softcap).tanh_().mul_(softcap)
+        _cap_(z, *softcap)
     torch.softmax(z, dim=1, out=p)
     rows = torch.arange(z.size(0), device=z.device)
     p_target = p[rows, targets]
@@ -129,8 +149,25 @@ def _loss_and_grad(z: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, soft
         return p
     p[rows, targets] -= 1.0
     if softcap is not None:
-        p.mul_(z.div_(softcap).square_().neg_().add_(1.0))
+        _times_cap_derivative_(p, z, *softcap)
     return p
+
+
+def _cap_(z: torch.Tensor, cap: float, kind: SoftcapKind) -> None:
+    """In place: z <- softcap_logits(z)."""
+    if kind == "tanh":
+        z.div_(cap).tanh_().mul_(cap)
+    else:
+        z.add_(SIGMOID_SHIFT).div_(SIGMOID_TEMPERATURE).sigmoid_().mul_(cap)
+
+
+def _times_cap_derivative_(p: torch.Tensor, y: torch.Tensor, cap: float, kind: SoftcapKind) -> None:
+    """In place: p <- p · dy/dz, from the capped logits y (overwritten)."""
+    if kind == "tanh":
+        p.mul_(y.div_(cap).square_().neg_().add_(1.0))
+    else:
+        p.mul_(y).div_(SIGMOID_TEMPERATURE)
+        p.mul_(y.div_(-cap).add_(1.0))
 
 
 def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor, partial: torch.Tensor | None) -> None:

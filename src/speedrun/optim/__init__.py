@@ -1,4 +1,5 @@
-"""Optimizers of the speedrun GPT: Muon for the hidden matrices (``muon``, with the orthogonalizers of
-``orthogonalize``), AdamW for embeddings, head and scalars (``adam``), their assembly from a model's labelled
-parameters (``groups``) and the step schedules (``schedules``). Importing this package imports nothing.
+"""Optimizers of the speedrun GPT: Muon / NorMuon for the hidden matrices (``muon``, with the orthogonalizers
+of ``orthogonalize``), AdamW or cautious Adam for embeddings, head and scalars (``adam``), their assembly
+from a model's labelled parameters (``groups``) and the step schedules (``schedules``). Importing this package
+imports nothing.
 """

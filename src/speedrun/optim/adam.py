@@ -1,16 +1,72 @@
-"""AdamW for the embedding, the LM head and scalar parameters (Loshchilov & Hutter 2019; the speedrun keeps
-Adam for these, speedrun-spec.md 3.3). A thin wrapper over ``torch.optim.AdamW`` for now."""
+"""Adam for the embedding, the LM head and scalar parameters (the speedrun keeps Adam for these,
+speedrun-spec.md 3.3): ``torch.optim.AdamW`` with decoupled weight decay (Loshchilov & Hutter 2019), or
+:class:`CautiousAdam`, Adam with cautious weight decay (record #50)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
 
 
 def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, float], eps: float,
-                weight_decay: float, fused: bool) -> torch.optim.AdamW:
+                weight_decay: float, fused: bool, cautious_weight_decay: bool = False) -> torch.optim.Optimizer:
     """``torch.optim.AdamW`` over ``param_groups`` (each with its own ``lr``), decoupled weight decay
-    ``weight_decay``; ``fused`` only on CUDA (``fused=False`` on CPU)."""
+    ``weight_decay``; ``fused`` only on CUDA (``fused=False`` on CPU). With ``cautious_weight_decay``, a
+    :class:`CautiousAdam` instead."""
+    if cautious_weight_decay:
+        return CautiousAdam(list(param_groups), betas=betas, eps=eps, weight_decay=weight_decay)
     return torch.optim.AdamW(list(param_groups), betas=betas, eps=eps, weight_decay=weight_decay,
                              fused=fused)
+
+
+class CautiousAdam(torch.optim.Optimizer):
+    """Adam with cautious weight decay (record #50; speedrun-spec.md 3.3), fp32 state. At step t (from 1):
+
+        m <- β1·m + (1-β1)·g;  v <- β2·v + (1-β2)·g²
+        u  = m / (sqrt(v) + eps)
+        p <- p - η²·λ·p·[u·p > 0] - η·sqrt(1-β2^t)/(1-β1^t) · u
+
+    The decay (∝ η², the scheduled lr squared) applies only where the step also moves p towards zero.
+    Parameters of any shape; ``lr`` per group. Raises ``ValueError`` on an invalid hyperparameter.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 0.008, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-10, weight_decay: float = 0.0):
+        if lr < 0 or eps <= 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"CautiousAdam needs lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; got "
+                             f"lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter that has a gradient. Returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+        return loss
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        grad = p.grad.float()
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.lerp_(grad, 1.0 - beta1)
+        v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        update = m / (v.sqrt() + group["eps"])
+        lr, t = group["lr"], state["step"]
+        if group["weight_decay"]:
+            mask = (update * p.float()) > 0                       # strictly: record #50
+            p.sub_((p * mask).mul_(lr * lr * group["weight_decay"]))
+        p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))

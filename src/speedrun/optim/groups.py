@@ -26,7 +26,11 @@ MUON_KINDS = ("matrix",)
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`)."""
+    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`).
+
+    ``normuon_beta2``: None for plain Muon, else NorMuon's variance normalization (records #41-#48: 0.9).
+    ``cautious_weight_decay``: cautious decay in Muon (record #43) and Adam (record #50) instead of
+    decoupled decay."""
 
     embed_lr: float = 0.6
     head_lr: float = 0.008
@@ -37,6 +41,8 @@ class OptimConfig:
     muon_momentum: float = 0.95
     weight_decay: float = 0.0
     orthogonalizer: Orthogonalizer = "polar_express"
+    normuon_beta2: float | None = None
+    cautious_weight_decay: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,14 @@ class Optimizers:
             group["lr"] = group["initial_lr"] * factor
             if group["kind"] in MUON_KINDS:
                 group["momentum"] = momentum
+
+    def copy_state(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Give ``target`` a copy of the optimizer state of ``source`` (e.g. Adam's moments when the
+        embedding is untied from the head, record #53; shapes must match). Nothing when source has none."""
+        for opt in self.optimizers:
+            if source in opt.state:
+                opt.state[target] = {k: v.clone() if torch.is_tensor(v) else v
+                                     for k, v in opt.state[source].items()}
 
     def step(self) -> None:
         for opt in self.optimizers:
@@ -117,10 +131,13 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     optimizers: list[torch.optim.Optimizer] = []
     if adam_groups:
         optimizers.append(build_adamw(adam_groups, config.adam_betas, config.adam_eps, config.weight_decay,
-                                      fused=device.type == "cuda"))
+                                      fused=device.type == "cuda",
+                                      cautious_weight_decay=config.cautious_weight_decay))
     if muon_groups:
         optimizers.append(Muon(muon_groups, lr=config.muon_lr, momentum=config.muon_momentum,
-                               weight_decay=config.weight_decay, orthogonalizer=config.orthogonalizer))
+                               weight_decay=config.weight_decay, orthogonalizer=config.orthogonalizer,
+                               normuon_beta2=config.normuon_beta2,
+                               cautious_weight_decay=config.cautious_weight_decay))
     seen = [id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]]
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     if sorted(seen) != sorted(trainable):

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 def lr_factor(step: int, steps: int, cooldown_frac: float, lr_floor: float) -> float:
     """Multiplier of every base learning rate at ``step`` of ``steps``.
@@ -34,3 +36,28 @@ def muon_momentum(step: int, warmup_steps: int, start: float = 0.85, end: float 
         return end
     frac = step / warmup_steps
     return (1.0 - frac) * start + frac * end
+
+
+def stage_index(step: int, steps: int, stages: int) -> int:
+    """The stage (0..stages-1) of ``step`` when ``steps`` are split into ``stages`` stages ending at
+    ``round(k/stages · steps)`` (halves rounded up), k = 1..stages (the speedrun's thirds: 1270 steps give
+    boundaries 423, 847, speedrun-spec.md 3.5). Raises ``ValueError`` for stages < 1 or a step outside
+    [0, steps]."""
+    if stages < 1 or not 0 <= step <= steps:
+        raise ValueError(f"need stages >= 1 and 0 <= step <= steps, got step {step}, steps {steps}, "
+                         f"stages {stages}")
+    return sum(step >= int(k * steps / stages + 0.5) for k in range(1, stages))
+
+
+def window_blocks(step: int, steps: int, schedule: Sequence[tuple[int, int]],
+                  final_long_blocks: int | None = None) -> tuple[int, int]:
+    """``(short, long)`` attention windows in 128-token blocks at ``step`` of ``steps``: the schedule's
+    entry for :func:`stage_index` (equal stages; records #13, #20, #31: (1, 3), (3, 7), (5, 11)). At
+    ``step == steps`` (the final validation) the long window becomes ``final_long_blocks`` when given
+    (record #33: 20 blocks). Raises ``ValueError`` on an empty schedule."""
+    if not schedule:
+        raise ValueError("the window schedule needs at least one (short, long) stage")
+    short, long = schedule[stage_index(min(step, steps - 1) if steps else 0, steps, len(schedule))]
+    if step == steps and final_long_blocks is not None:
+        long = final_long_blocks
+    return short, long

@@ -1,0 +1,50 @@
+"""Input-side techniques of the speedrun GPT: value embeddings (records #14-#17, #63, #65, #70) and smear
+(record #34); speedrun-spec.md 2.2.
+
+Shape legend: T tokens, C model_dim, A attn_dim = n_head * head_dim, V vocab_size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+SMEAR_CHANNELS = 12
+VALUE_EMBED_STD = 0.01
+
+
+class ValueEmbeddings(nn.Module):
+    """One table (V, A) per chosen layer, looked up by input token and added to that layer's attention
+    values: ``v += table[layer][token]`` (speedrun-spec.md 2.2 step 3; tables initialized N(0, 0.01²)).
+
+    ``layers``: the layer indices that get a table, in increasing order.
+    """
+
+    def __init__(self, vocab_size: int, attn_dim: int, layers: tuple[int, ...]):
+        super().__init__()
+        self.slot = {layer: i for i, layer in enumerate(layers)}
+        self.tables = nn.ModuleList(nn.Embedding(vocab_size, attn_dim) for _ in layers)
+        for table in self.tables:
+            nn.init.normal_(table.weight, mean=0.0, std=VALUE_EMBED_STD)
+
+    def per_layer(self, inputs: torch.Tensor, n_layer: int) -> list[torch.Tensor | None]:
+        """For each of ``n_layer`` layers, its (T, A) value embedding of ``inputs`` (T,) int, or None."""
+        return [self.tables[self.slot[i]](inputs) if i in self.slot else None for i in range(n_layer)]
+
+
+class Smear(nn.Module):
+    """``x[t] += lambda · sigmoid(w · x[t, :12]) · x[t-1]`` for t >= 1 (record #34: a one-token look-back on
+    the embeddings, crossing document boundaries). ``gate`` (1, 12) and ``lambda_`` (1,) start at zero, so
+    a fresh Smear is the identity. (T, C) -> (T, C), C >= 12."""
+
+    def __init__(self, model_dim: int):
+        super().__init__()
+        if model_dim < SMEAR_CHANNELS:
+            raise ValueError(f"smear reads {SMEAR_CHANNELS} channels, model_dim is {model_dim}")
+        self.gate = nn.Parameter(torch.zeros(1, SMEAR_CHANNELS))
+        self.lambda_ = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(x[1:, :SMEAR_CHANNELS] @ self.gate.type_as(x).T)        # (T-1, 1)
+        shifted = self.lambda_.type_as(x) * gate * x[:-1]                            # (T-1, C)
+        return torch.cat((x[:1], x[1:] + shifted), dim=0)
