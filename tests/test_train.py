@@ -303,6 +303,10 @@ def _rank_worker(rank, world, port, settings, shards, bos, log, queue):
 
 
 def _run_ranks(world, settings, shards, bos, log):
+    """Start ``world`` spawned ranks; their losses by rank. Fails as soon as a rank dies (not after a timeout)."""
+    import queue as queue_module
+    import time
+
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -312,10 +316,22 @@ def _run_ranks(world, settings, shards, bos, log):
              for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    results, deadline = {}, time.monotonic() + 300
+    try:
+        while len(results) < world:
+            try:
+                rank, losses = queue.get(timeout=1)
+                results[rank] = losses
+            except queue_module.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not failed and time.monotonic() < deadline, f"rank exit codes {failed}"
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
     return results
 
 

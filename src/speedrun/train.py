@@ -40,6 +40,8 @@ from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, Optimizers, ScheduleConfig, build_optimizers
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS
+from speedrun.preflight import GpuRequirement, preflight
+from speedrun.optim.schedules import window_blocks
 from speedrun.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
                              header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
                              val_line)
@@ -61,9 +63,16 @@ class TrainConfig:
     ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields). Optimizers
     (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
     ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85),
-    ``orthogonalizer``; decoupled ``weight_decay`` for both. LR schedule: constant, then linear over the last
-    ``cooldown_frac`` of the steps down to ``lr_floor`` times the base. ``dtype``: autocast dtype of the
-    matrix products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model.
+    ``orthogonalizer``, ``normuon_beta2`` (null: plain Muon; records #41-#48 use NorMuon with 0.9);
+    ``weight_decay`` for both, decoupled or, with ``cautious_weight_decay``, cautious (records #43, #50).
+    LR schedule: constant, then linear over the last ``cooldown_frac`` of the steps down to ``lr_floor``
+    times the base. Attention windows (:func:`speedrun.optim.schedules.window_blocks`, records #13, #31,
+    #33): ``window_schedule``, a list of ``[short, long]`` windows in blocks, one per equal stage of the
+    steps (empty: the model's fixed windows), and ``final_window_long_blocks``, the long window at the final
+    validation (null: unchanged); both need the model's ``window_pattern``. ``untie_step``: with the model's
+    ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its Adam state
+    (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix products
+    (``float32`` disables autocast). ``compile``: ``torch.compile`` the model.
 
     Raises :class:`SpeedrunError` naming the setting on a wrong type or value, and on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
@@ -94,6 +103,11 @@ class TrainConfig:
     cooldown_frac: float = 0.4
     lr_floor: float = 0.0
     orthogonalizer: str = "polar_express"
+    normuon_beta2: float | None = None
+    cautious_weight_decay: bool = False
+    window_schedule: tuple[tuple[int, int], ...] = ()
+    final_window_long_blocks: int | None = None
+    untie_step: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
@@ -110,15 +124,36 @@ class TrainConfig:
             raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
         for beta in self.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
-        if not isinstance(self.compile, bool):
-            raise SpeedrunError(f"train.compile must be true or false, got {self.compile!r}")
+        for name in ("compile", "cautious_weight_decay"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.normuon_beta2 is not None:
+            _check_number("normuon_beta2", self.normuon_beta2, 0.0, 1.0, open_high=True)
         _check_choice("device", self.device, get_args(DeviceChoice))
         _check_choice("dtype", self.dtype, get_args(ComputeDtype))
         _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self.model_config()
+        self._check_schedules()
         self._check_divisions()
+
+    def _check_schedules(self) -> None:
+        schedule = self.window_schedule
+        if not isinstance(schedule, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and all(
+                    isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair) for pair in schedule):
+            raise SpeedrunError(f"train.window_schedule must be a list of [short, long] block counts >= 1, "
+                                f"got {schedule!r}")
+        if self.final_window_long_blocks is not None:
+            _check_int("final_window_long_blocks", self.final_window_long_blocks, 1)
+        if self.untie_step is not None:
+            _check_int("untie_step", self.untie_step, 0)
+            if not self.model_config().tie_embed_head:
+                raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
+        if (schedule or self.final_window_long_blocks is not None) and not self.model_config().window_pattern:
+            raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
+                                "window_pattern (which layers take the short and the long window)")
 
     def _check_divisions(self) -> None:
         if self.micro_batches % self.world_size:
@@ -142,6 +177,9 @@ class TrainConfig:
         values = dict(settings)
         if isinstance(values.get("adam_betas"), list):
             values["adam_betas"] = tuple(values["adam_betas"])
+        if isinstance(values.get("window_schedule"), list):
+            values["window_schedule"] = tuple(tuple(p) if isinstance(p, list) else p
+                                              for p in values["window_schedule"])
         return cls(**values)
 
     @property
@@ -152,10 +190,21 @@ class TrainConfig:
     def model_config(self) -> GPTConfig:
         return build_model_config(self.preset, self.model)
 
+    def window_blocks_at(self, step: int) -> tuple[int, int] | None:
+        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when
+        the model keeps its windows."""
+        if self.window_schedule:
+            return window_blocks(step, self.steps, self.window_schedule, self.final_window_long_blocks)
+        if step == self.steps and self.final_window_long_blocks is not None:
+            model = self.model_config()
+            return model.window_short_blocks, self.final_window_long_blocks
+        return None
+
     def optim_config(self) -> OptimConfig:
         return OptimConfig(embed_lr=self.embed_lr, head_lr=self.head_lr, scalar_lr=self.scalar_lr,
                            adam_betas=self.adam_betas, muon_lr=self.muon_lr, muon_momentum=self.muon_momentum,
-                           weight_decay=self.weight_decay, orthogonalizer=self.orthogonalizer)
+                           weight_decay=self.weight_decay, orthogonalizer=self.orthogonalizer,
+                           normuon_beta2=self.normuon_beta2, cautious_weight_decay=self.cautious_weight_decay)
 
     def schedule_config(self) -> ScheduleConfig:
         return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,
@@ -436,9 +485,16 @@ class _Run:
         self.clock = TrainClock(device)
         self.result = RunResult()
 
+    def set_windows(self, step: int) -> None:
+        """Give the model the attention windows of ``step`` (YaRN rescales on growth, in the model)."""
+        blocks = self.config.window_blocks_at(step)
+        if blocks is not None:
+            self.model.set_window_blocks(*blocks)
+
     def validate(self, step: int) -> bool:
         """Validate with the clock stopped and log the line; False when the loss is not finite."""
         self.clock.stop()
+        self.set_windows(step)
         val_loss = evaluate(self.forward, self.val, self.autocast, self.launch.world_size)
         self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
         self.result.losses.append((step, "val", val_loss))
@@ -449,6 +505,10 @@ class _Run:
         """Optimizer step ``step`` (0-based) and its log line; False (and no update) on a non-finite loss."""
         cfg = self.config
         self.optimizers.apply_schedule(step, cfg.schedule_config())
+        self.set_windows(step)
+        if step == cfg.untie_step and self.model.tied:
+            self.model.untie_embed_head()
+            self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         mine = self.batches.next_step(cfg.micro_batches, self.launch.rank, self.launch.world_size)
         loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size)
         if math.isfinite(loss):
@@ -490,16 +550,19 @@ class _Run:
 
 def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: str | os.PathLike[str],
                  bos_dir: str | os.PathLike[str], log_path: str | os.PathLike[str],
-                 env: Mapping[str, str] | None = None) -> RunResult:
+                 env: Mapping[str, str] | None = None, gpus: GpuRequirement = GpuRequirement()) -> RunResult:
     """Train one run and write its log to ``log_path`` (rank 0). Returns its :class:`RunResult` (status
     ``complete`` or ``diverged``, and the losses).
 
-    ``env``: the launch variables (default ``os.environ``). Raises :class:`SpeedrunError` before anything
-    is written when the world size, device or data do not fit the config; any error during training is
-    logged as ``run failed: ...`` and re-raised.
+    ``env``: the launch variables (default ``os.environ``). ``gpus``: what a GPU run's GPUs must be; this
+    node must show one per local process (:func:`speedrun.preflight.preflight`). Raises
+    :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
+    the config; any error during training is logged as ``run failed: ...`` and re-raised.
     """
-    launch = Launch(os.environ if env is None else env)
+    env = os.environ if env is None else env
+    launch = Launch(env)
     launch.check(config)
+    preflight(config.device, gpus, env, config.world_size)
     device = resolve_device(config.device, launch.local_rank)
     data = load_training_data(shards_dir, bos_dir)
     check_data_feeds(config, data)
@@ -564,6 +627,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bos-dir", required=True, help="the bos_index stage's folder (one .npy per shard)")
     parser.add_argument("--out", dest="log", required=True,
                         help="the training log to write (written under a temporary name, renamed at the end)")
+    parser.add_argument("--gpu-model", default="",
+                        help="text every GPU's name must contain (config.yaml cluster.gpu_model; default: any)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=0.0,
+                        help="least memory per GPU in GiB (config.yaml cluster.gpu_memory_gib; default: any)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads per process (default: torch's, i.e. OMP_NUM_THREADS)")
 
@@ -575,5 +642,6 @@ def main(args: argparse.Namespace) -> int:
             raise SpeedrunError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     run_training(config, variant=args.variant, seed=args.seed, shards_dir=args.shards_dir,
-                 bos_dir=args.bos_dir, log_path=args.log)
+                 bos_dir=args.bos_dir, log_path=args.log,
+                 gpus=GpuRequirement(args.gpu_model, args.gpu_memory_gib))
     return 0

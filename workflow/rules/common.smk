@@ -1,5 +1,8 @@
 # Shared helpers: config validation, the run table, input functions and planning-time checks.
 import json
+import os
+import shlex
+import sys
 
 from snakemake.utils import validate
 
@@ -66,6 +69,16 @@ def get_train_config_json(wildcards):
 
 
 # ---- training inputs -------------------------------------------------------------------------------
+# Where a run's processes go (world_size processes over `nodes` machines), the resources that make a
+# scheduler give it its GPUs, and the order runs start in. README: "Running on GPUs and clusters".
+
+# The launcher of the train rule (workflow/scripts/launch_train.py) and where it keeps GPU lock files: on
+# the local executor runs take their GPUs through locks; inside a cluster job (remote execution) the
+# scheduler has already given the job its GPUs.
+TRAIN_LAUNCHER = shlex.join(
+    [sys.executable, os.path.normpath(os.path.join(workflow.current_basedir, "..", "scripts", "launch_train.py"))]
+)
+GPU_LOCKS = "none" if workflow.remote_exec else "results/.gpu-locks"
 
 
 def get_shards_dir(wildcards):
@@ -73,18 +86,90 @@ def get_shards_dir(wildcards):
 
 
 def get_world_size(wildcards):
+    """Processes of one run of the variant, over all nodes (train.world_size)."""
     return int(get_train_config(wildcards.variant).get("world_size", 1))
 
 
+def get_train_nodes(wildcards):
+    """Machines one run of the variant spans (train.nodes); each runs world_size / nodes processes."""
+    nodes = int(get_train_config(wildcards.variant).get("nodes", 1))
+    world_size = get_world_size(wildcards)
+    if world_size % nodes:
+        raise ValueError(
+            f"variant {wildcards.variant!r}: train.world_size {world_size} is not a multiple of train.nodes "
+            f"{nodes} (every node runs the same number of processes)"
+        )
+    return nodes
+
+
+def get_procs_per_node(wildcards):
+    return get_world_size(wildcards) // get_train_nodes(wildcards)
+
+
+def is_gpu_run(wildcards):
+    return get_train_config(wildcards.variant).get("device", "cpu") == "cuda"
+
+
+def is_multi_node(wildcards):
+    return get_train_nodes(wildcards) > 1
+
+
+def get_train_device(wildcards):
+    return get_train_config(wildcards.variant).get("device", "cpu")
+
+
 def get_train_threads(wildcards):
-    """One core per training process."""
-    return get_world_size(wildcards)
+    """One core per training process of a node (Slurm: --cpus-per-task, unless cpus_per_gpu is set)."""
+    return get_procs_per_node(wildcards)
 
 
 def get_train_gpus(wildcards):
-    """GPUs a run holds (a `gpu` resource, so that a profile's global limit keeps GPU jobs apart)."""
-    cfg = get_train_config(wildcards.variant)
-    return get_world_size(wildcards) if cfg.get("device", "cpu") == "cuda" else 0
+    """GPUs a one-node run holds: the `gpu` resource, which a global limit (profiles/default) counts so
+    that GPU runs never share GPUs, and which Slurm gets as sbatch --gpus. 0 for a CPU run, and for a
+    multi-node run, which asks for GPUs per node instead (get_train_gres)."""
+    return get_world_size(wildcards) if is_gpu_run(wildcards) and not is_multi_node(wildcards) else 0
+
+
+def get_train_gres(wildcards):
+    """A multi-node GPU run's GPUs per node, as Slurm GRES (sbatch --gres=gpu:N, which counts per node);
+    None (no such resource) otherwise."""
+    if is_gpu_run(wildcards) and is_multi_node(wildcards):
+        return f"gpu:{get_procs_per_node(wildcards)}"
+    return None
+
+
+def get_train_mpi(wildcards):
+    """`srun` for a multi-node run: the Slurm job step then runs the rule's command itself, and the
+    launcher starts one torchrun per node with srun. None (no such resource) for one node, whose command
+    the executor runs in an `srun -n1` step."""
+    return "srun" if is_multi_node(wildcards) else None
+
+
+def get_train_tasks(wildcards):
+    """One Slurm task per node of a multi-node run (sbatch --ntasks); None for one node."""
+    return get_train_nodes(wildcards) if is_multi_node(wildcards) else None
+
+
+def get_train_tasks_per_gpu(wildcards):
+    """0 for a multi-node GPU run, so that the Slurm executor does not turn `tasks` into --ntasks-per-gpu
+    (snakemake-executor-plugin-slurm issue #316); None otherwise."""
+    return 0 if get_train_gres(wildcards) else None
+
+
+def get_run_order():
+    """Every (variant, seed) in the order the runs should start: the first seed of each variant (the
+    baseline first), then the second seed of each, and so on. Alternating the variants makes a drift of
+    the machines over time (heat, other jobs, a slower node) fall on both sides of a comparison alike."""
+    variants = [BASELINE] + CANDIDATES
+    rounds = max(len(get_seeds(v)) for v in variants)
+    return [(v, get_seeds(v)[i]) for i in range(rounds) for v in variants if i < len(get_seeds(v))]
+
+
+def get_train_priority(wildcards):
+    """Scheduling priority of a run (higher starts first): len(runs) for the first run of get_run_order,
+    down to 1 for the last; jobs of other rules keep priority 0."""
+    order = get_run_order()
+    return len(order) - order.index((wildcards.variant, int(wildcards.seed)))
 
 
 def get_bos_dir(wildcards):
@@ -100,18 +185,26 @@ def get_bos_dir(wildcards):
 
 
 _checked = set()
+# The settings speedrun.planning.check_training_data reads: variants that share them (they usually differ in
+# optimizer or model settings only) share one simulation of the loader, which takes about a second at
+# FineWeb scale (3,200 steps over 2.4B tokens).
+DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens")
 
 
 def check_data_suffices(variant, shards_dir, bos_dir):
     """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed."""
-    key = (get_train_config_json_for(variant), shards_dir, bos_dir)
+    cfg = get_train_config(variant)
+    key = (tuple(repr(cfg.get(k)) for k in DATA_SHAPE_KEYS), shards_dir, bos_dir)
     if key not in _checked:
-        check_training_data(get_train_config(variant), shards_dir, bos_dir, what=f"variant {variant!r}")
+        check_training_data(cfg, shards_dir, bos_dir, what=f"variant {variant!r}")
         _checked.add(key)
 
 
 def get_train_config_json_for(variant):
-    return json.dumps(get_train_config(variant), sort_keys=True, separators=(",", ":"))
+    """The settings `speedrun train` gets: the variant's train settings without `nodes`, which places the
+    processes but does not change what they compute (a change of nodes reruns nothing)."""
+    settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
+    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 
 
 # ---- parse, stats, report inputs -----------------------------------------------------------------------

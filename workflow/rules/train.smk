@@ -1,4 +1,10 @@
-# Stage 4: one training run per (variant, seed), launched with torchrun.
+# Stage 4: one training run per (variant, seed), launched with torchrun by workflow/scripts/launch_train.py:
+# on one machine `torchrun --standalone` (a GPU run takes free GPUs through lock files on the local executor),
+# on several Slurm nodes one torchrun per node with c10d rendezvous. Training arguments must never be
+# abbreviations of torchrun options (torchrun reads `--log` as its --log-dir): hence `--out`.
+# Runs start seed by seed, the variants alternating (priority), so that drift hits every variant alike.
+# Each process first checks that its node shows the GPUs config.yaml `cluster` asks for (speedrun.preflight);
+# those settings are not params: a run on other GPUs of the same kind is not a new run.
 
 
 rule train:
@@ -10,14 +16,23 @@ rule train:
         code=code("speedrun.train"),
     params:
         config=get_train_config_json,
-        nproc=get_world_size,
+        world_size=get_world_size,
+        device=get_train_device,
     threads: get_train_threads
+    priority: get_train_priority
     resources:
         gpu=get_train_gpus,
+        nodes=get_train_nodes,
+        gres=get_train_gres,
+        mpi=get_train_mpi,
+        tasks=get_train_tasks,
+        tasks_per_gpu=get_train_tasks_per_gpu,
     log:
         "logs/train/{variant}/seed{seed}.log",
     shell:
-        "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node={params.nproc} "
-        "--no-python speedrun train --config {params.config:q} --variant {wildcards.variant} "
-        "--seed {wildcards.seed} --shards-dir {input.shards} --bos-dir {input.bos} --out {output} "
+        "{TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
+        "--device {params.device} --gpu-locks {GPU_LOCKS} --label {output:q} -- "
+        "speedrun train --config {params.config:q} --variant {wildcards.variant} --seed {wildcards.seed} "
+        "--shards-dir {input.shards} --bos-dir {input.bos} --out {output} "
+        "--gpu-model={config[cluster][gpu_model]:q} --gpu-memory-gib={config[cluster][gpu_memory_gib]} "
         "> {log} 2>&1"
