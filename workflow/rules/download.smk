@@ -48,6 +48,12 @@ def get_download_revision(wildcards):
     return get_download_section(wildcards)["revision"]
 
 
+# Downloads run on the machine that runs Snakemake: cluster compute nodes often reach no network.
+localrules:
+    download_parquet,
+    download_shard,
+
+
 rule download_parquet:
     output:
         "results/download/{repo_slug}/{file}",

@@ -53,9 +53,14 @@ def get_tokenize_mode(wildcards):
     )
 
 
+# Encoding uses every core: Snakemake lowers a rule's threads to the cores it is given (--cores), and a
+# fixed number keeps commands that plan without --cores (--report, --list-changes) working.
+ALL_CORES = 256
+
+
 def get_tokenize_threads(wildcards):
     """Encoding uses every core; cutting streams or linking shards is one pass on one core."""
-    return workflow.cores if get_tokenize_mode(wildcards) == "--documents" else 1
+    return ALL_CORES if get_tokenize_mode(wildcards) == "--documents" else 1
 
 
 rule tokenize_file:
@@ -68,7 +73,7 @@ rule tokenize_file:
         part=r"\d{5}",
     params:
         text_column=get_text_column,
-    threads: workflow.cores
+    threads: ALL_CORES
     log:
         "logs/tokenize/{dataset}/{part}.log",
     shell:
