@@ -94,40 +94,12 @@ def wildcards(block: dict[str, str]) -> tuple[str, int]:
     return values["variant"], int(values["seed"])
 
 
-BOS = 50256
-
-
 def write_dataset(root: Path, documents: int = 600, shard_tokens: int = 16384, seed: int = 0) -> tuple[Path, Path]:
     """Synthetic shards, manifests and BOS indices in the layout of the tokenize and bos_index stages
-    (docs/formats.md): documents that count up from a random start by a per-document stride, mod 97."""
-    import numpy as np
+    (docs/formats.md): ``documents`` learnable counting documents (tests/synthetic_data.py)."""
+    from synthetic_data import counting_documents, write_dataset as write
 
-    from speedrun.data.shards import sha256_file, shard_filename, write_shard
-
-    rng = np.random.default_rng(seed)
-    docs = []
-    for _ in range(documents):
-        length, start, stride = rng.integers(20, 200), rng.integers(0, 97), rng.integers(1, 4)
-        docs.append(np.concatenate(([BOS], (start + stride * np.arange(length)) % 97 + 1000)))
-    stream = np.concatenate(docs).astype(np.uint16)
-    shards_dir, bos_dir = root / "shards", root / "bos"
-    shards_dir.mkdir(parents=True)
-    bos_dir.mkdir(parents=True)
-    entries, bos_entries = [], []
-    for index, begin in enumerate(range(0, len(stream), shard_tokens)):
-        tokens = stream[begin:begin + shard_tokens]
-        name = shard_filename("synth", index)
-        write_shard(shards_dir / name, tokens)
-        digest = sha256_file(shards_dir / name)
-        entries.append({"file": name, "split": "val" if index == 0 else "train", "tokens": len(tokens),
-                        "sha256": digest})
-        positions = np.flatnonzero(tokens == BOS).astype(np.int64)
-        np.save(bos_dir / name.replace(".bin", ".npy"), positions)
-        bos_entries.append({"file": name.replace(".bin", ".npy"), "shard": name, "shard_sha256": digest,
-                            "count": len(positions)})
-    (shards_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": entries}))
-    (bos_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": bos_entries}))
-    return shards_dir, bos_dir
+    return write(root, counting_documents(documents, seed), shard_tokens)
 
 
 def free_port() -> int:

@@ -19,51 +19,18 @@ import pytest
 
 from speedrun import cli
 from speedrun.analysis.logs import read_record
-from speedrun.data.shards import sha256_file, shard_filename, write_shard
+from speedrun.data.shards import sha256_file
 from speedrun.errors import SpeedrunError
 from speedrun.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
 from speedrun.train import TrainConfig, load_config_argument, run_training
+from synthetic_data import counting_documents, write_dataset
 
-BOS = 50256
 STEP_RE = re.compile(r"^step:(\d+)/(\d+) (train|val)_loss:(\S+) train_time:(\d+)ms step_avg:([0-9.]+)ms$")
 # A model small enough for seconds-long runs; the head still spans the full GPT-2 vocabulary.
 SMALL = {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16}
 QUICK = {"preset": "tiny", "model": SMALL, "steps": 6, "tokens_per_step": 512, "micro_batches": 2,
          "max_seq_len": 128, "val_tokens": 512, "val_batch_tokens": 256, "val_every": 3,
          "momentum_warmup_steps": 3, "embed_lr": 0.3, "head_lr": 0.02}
-
-
-def write_dataset(root: Path, documents: list[np.ndarray], shard_tokens: int) -> tuple[Path, Path]:
-    """Shards, manifests and BOS indices in the layout of the tokenize and bos_index stages."""
-    stream = np.concatenate([np.concatenate(([BOS], d)) for d in documents]).astype(np.uint16)
-    shards_dir, bos_dir = root / "shards", root / "bos"
-    shards_dir.mkdir(parents=True)
-    bos_dir.mkdir(parents=True)
-    entries, bos_entries = [], []
-    for index, start in enumerate(range(0, len(stream), shard_tokens)):
-        tokens = stream[start:start + shard_tokens]
-        name = shard_filename("synth", index)
-        write_shard(shards_dir / name, tokens)
-        digest = sha256_file(shards_dir / name)
-        entries.append({"file": name, "split": "val" if index == 0 else "train", "tokens": len(tokens),
-                        "sha256": digest})
-        positions = np.flatnonzero(tokens == BOS).astype(np.int64)
-        np.save(bos_dir / name.replace(".bin", ".npy"), positions)
-        bos_entries.append({"file": name.replace(".bin", ".npy"), "shard": name, "shard_sha256": digest,
-                            "count": len(positions)})
-    (shards_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": entries}))
-    (bos_dir / "manifest.json").write_text(json.dumps({"dataset": "synth", "shards": bos_entries}))
-    return shards_dir, bos_dir
-
-
-def counting_documents(count: int, seed: int = 0) -> list[np.ndarray]:
-    """Documents that count up from a random start by a per-document stride (mod 97): learnable."""
-    rng = np.random.default_rng(seed)
-    docs = []
-    for _ in range(count):
-        length, start, stride = rng.integers(20, 200), rng.integers(0, 97), rng.integers(1, 4)
-        docs.append((start + stride * np.arange(length)) % 97 + 1000)
-    return docs
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from typing import Any, Iterable
 
 import torch
 
+from speedrun.optim.base import PerParameterOptimizer
+
 
 def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, float], eps: float,
                 weight_decay: float, fused: bool, cautious_weight_decay: bool = False) -> torch.optim.Optimizer:
@@ -21,7 +23,7 @@ def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, floa
                              fused=fused)
 
 
-class CautiousAdam(torch.optim.Optimizer):
+class CautiousAdam(PerParameterOptimizer):
     """Adam with cautious weight decay (record #50; speedrun-spec.md 3.3), fp32 state. At step t (from 1):
 
         m <- β1·m + (1-β1)·g;  v <- β2·v + (1-β2)·g²
@@ -38,19 +40,6 @@ class CautiousAdam(torch.optim.Optimizer):
             raise ValueError(f"CautiousAdam needs lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0; got "
                              f"lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """One update of every parameter that has a gradient. Returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
+from speedrun.optim.base import PerParameterOptimizer
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS, Orthogonalizer, orthogonalize
 
 NORMUON_EPS = 1e-10
@@ -73,7 +74,7 @@ def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return (update * param) >= 0
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(PerParameterOptimizer):
     """Muon over 2-D parameters (``torch.optim.Optimizer`` interface).
 
     Args:
@@ -111,19 +112,6 @@ class Muon(torch.optim.Optimizer):
                 if p.ndim != 2:
                     raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape "
                                      f"{tuple(p.shape)}")
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        """One update of every parameter that has a gradient. Returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, group)
-        return loss
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
