@@ -85,8 +85,8 @@ class TrainConfig:
     tokens_per_step: int = 4096
     micro_batches: int = 4
     max_seq_len: int = 1024
-    val_tokens: int = 65536
-    val_batch_tokens: int = 16384
+    val_tokens: int = 32768
+    val_batch_tokens: int = 1024
     val_every: int = 20
     world_size: int = 1
     device: DeviceChoice = "cpu"
