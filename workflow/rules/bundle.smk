@@ -9,6 +9,7 @@ rule bundle:
     input:
         baseline=get_parsed("json", BASELINE),
         candidate=get_candidate_records,
+        logs=get_bundle_logs,
         code=code("speedrun.bundle"),
     params:
         target=config["stats"]["target"],

@@ -222,5 +222,10 @@ def get_candidate_records(wildcards):
     return get_parsed("json", wildcards.variant)
 
 
+def get_bundle_logs(wildcards):
+    """The training logs a bundle copies: every run of the baseline and of the candidate."""
+    return [f"results/train/{v}/seed{s}.txt" for v in (BASELINE, wildcards.variant) for s in get_seeds(v)]
+
+
 def get_comparisons():
     return [f"results/stats/compare/{v}.json" for v in CANDIDATES]
