@@ -13,8 +13,8 @@ from speedrun.sources import module_files
 validate(config, schema="../schemas/config.schema.yaml")
 
 # The stages' commands (speedrun, torchrun) are installed beside the Python that runs Snakemake (.venv/bin):
-# jobs find them there even when that environment is not activated.
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+# jobs find them there when that environment is not activated (appended: a PATH entry the user put first wins).
+os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
 
 DATASET = config["data"]["name"]
 VARIANTS = list(config["variants"])
