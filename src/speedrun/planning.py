@@ -9,21 +9,15 @@ validation shard does not hold. The loader is simulated exactly (no token is cop
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from speedrun.data.dataset import read_manifest
 from speedrun.data.loader import steps_available
 from speedrun.errors import SpeedrunError
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SpeedrunError(f"{path}: manifest not found (run the tokenize and bos_index stages first)")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
@@ -60,7 +54,7 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         raise SpeedrunError(
             f"{what}: tokens_per_step {tokens_per_step} is not a multiple of micro_batches {micro_batches}"
         )
-    manifest = _read_manifest(shards_dir / "manifest.json")
+    manifest = read_manifest(shards_dir, "shards")
     shards = manifest["shards"]
     val = [s for s in shards if s["split"] == "val"]
     train = [s for s in shards if s["split"] == "train"]
@@ -70,7 +64,7 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
             f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {held} tokens "
             f"(it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
         )
-    bos = {entry["shard"]: bos_dir / entry["file"] for entry in _read_manifest(bos_dir / "manifest.json")["shards"]}
+    bos = {entry["shard"]: bos_dir / entry["file"] for entry in read_manifest(bos_dir, "shards")["shards"]}
     missing = [s["file"] for s in train if s["file"] not in bos]
     if missing:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")
