@@ -146,12 +146,12 @@ def test_flex_backend_over_several_128_token_blocks_equals_reference():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs", "flex", "varlen"])
 def test_gpu_backends_match_reference_values_and_gradients_in_bfloat16(backend):
     g = torch.Generator().manual_seed(5)
     shape = (1000, 4, 64)
     q, k, v = (torch.randn(shape, generator=g).cuda().bfloat16().requires_grad_() for _ in range(3))
-    cu_seqlens = torch.tensor([0, 130, 131, 600, 1000], dtype=torch.int32, device="cuda")
+    cu_seqlens = torch.tensor([0, 130, 131, 600, 1000, 1000, 1000], dtype=torch.int32, device="cuda")
     weights = torch.randn(shape, generator=g).cuda()
     for window in (None, 128, 384):
         ref = attention(*(t.float() for t in (q, k, v)), cu_seqlens, 0.125, window, backend="reference")
@@ -161,3 +161,39 @@ def test_gpu_backends_match_reference_values_and_gradients_in_bfloat16(backend):
         grads_got = torch.autograd.grad((got.float() * weights).sum(), (q, k, v))
         for g_got, g_ref in zip(grads_got, grads_ref):
             torch.testing.assert_close(g_got.float(), g_ref.float(), rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_documents_change_nothing(backend):
+    q, k, v = (t.detach() for t in random_qkv())
+    cu_seqlens = torch.tensor([0, 5, 6, 14, 23], dtype=torch.int32)
+    padded = torch.tensor([0, 5, 6, 14, 23, 23, 23, 23], dtype=torch.int32)
+    for window in (None, 3):
+        expected = naive_attention(q, k, v, cu_seqlens, 0.3, window)
+        got = attention(q, k, v, padded, 0.3, window, backend=backend)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_padded_document_ids_and_positions():
+    padded = torch.tensor([0, 2, 5, 5, 5], dtype=torch.int32)
+    assert document_ids(padded, 5).tolist() == [0, 0, 1, 1, 1]
+    assert document_positions(padded, 5).tolist() == [0, 1, 0, 1, 2]
+
+
+def test_packed_documents_cache_builds_once_and_doubles():
+    from speedrun.model.attention import PackedDocuments
+
+    docs = PackedDocuments(torch.tensor([0, 3, 7, 7], dtype=torch.int32), 7, max_seqlen=4)
+    calls = []
+    first = docs.cached("key", lambda: calls.append(1) or "mask")
+    assert docs.cached("key", lambda: calls.append(1) or "other") == first == "mask" and calls == [1]
+    doubled = docs.doubled()
+    assert doubled.cu_seqlens.tolist() == [0, 6, 14, 14] and doubled.num_tokens == 14
+    assert doubled.max_seqlen == 8 and docs.doubled() is doubled
+    assert docs.longest() == 4 and PackedDocuments(docs.cu_seqlens, 7).longest() == 4
+
+
+def test_varlen_backend_refuses_cpu_tensors():
+    q, k, v = (t.detach().float() for t in random_qkv())
+    with pytest.raises(ValueError, match="varlen.*CUDA"):
+        attention(q, k, v, torch.tensor([0, 23], dtype=torch.int32), 0.3, backend="varlen")

@@ -10,6 +10,7 @@ from speedrun.data.loader import (
     BosAlignedBatches,
     MicroBatch,
     steps_available,
+    padded_cu_seqlens,
     to_torch,
     validation_batches,
 )
@@ -222,8 +223,18 @@ def test_to_torch():
     mb = MicroBatch(inputs=np.array([BOS, 5, 6], dtype=np.int32),
                     targets=np.array([5, 6, BOS], dtype=np.int64),
                     cu_seqlens=np.array([0, 3], dtype=np.int32))
-    inputs, targets, cu_seqlens = to_torch(mb, "cpu")
+    inputs, targets, cu_seqlens = to_torch(mb, "cpu", doc_slot_multiple=4)
     assert inputs.dtype == torch.int32 and targets.dtype == torch.int64
     assert cu_seqlens.dtype == torch.int32
     assert inputs.tolist() == [BOS, 5, 6] and targets.tolist() == [5, 6, BOS]
-    assert cu_seqlens.tolist() == [0, 3]
+    assert cu_seqlens.tolist() == [0, 3, 3, 3]
+    assert to_torch(mb, "cpu", doc_slot_multiple=1)[2].tolist() == [0, 3]
+
+
+def test_padded_cu_seqlens_fills_whole_multiples_with_the_token_count():
+    cu = np.array([0, 5, 9, 12], dtype=np.int32)
+    assert padded_cu_seqlens(cu, 3).tolist() == [0, 5, 9, 12, 12, 12]
+    assert padded_cu_seqlens(cu, 4).tolist() == [0, 5, 9, 12]
+    assert len(padded_cu_seqlens(cu)) == 128
+    with pytest.raises(ValueError, match="multiple"):
+        padded_cu_seqlens(cu, 0)

@@ -343,3 +343,62 @@ def test_a_short_run_on_the_gpu(synthetic, tmp_path):
     record = read_record(tmp_path / "g.txt")
     assert result.status == record.status == "complete" and record.gpu_count == 1
     assert result.losses[-1][2] < result.losses[0][2]
+
+
+# ---- batch-size schedule and compiled warm-up ----------------------------------------------------------
+
+
+def test_batch_schedule_stages_and_totals():
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 9, "micro_batches": 2,
+                                 "batch_schedule": [[256, 64], [512, 128], [1024, 128]]})
+    assert cfg.batch_stages() == [(0, 256, 64), (3, 512, 128), (6, 1024, 128)]
+    assert [cfg.batch_at(s) for s in (0, 2, 3, 5, 6, 8)] == [(256, 64), (256, 64), (512, 128), (512, 128),
+                                                              (1024, 128), (1024, 128)]
+    assert cfg.train_tokens() == 3 * 256 + 3 * 512 + 3 * 1024
+    assert cfg.micro_batch_tokens == 128
+    assert TrainConfig.from_dict(QUICK).train_tokens() == 6 * 512
+    with pytest.raises(SpeedrunError, match="tokens_per_step 255 is not a multiple"):
+        TrainConfig.from_dict({**QUICK, "batch_schedule": [[255, 64]]})
+    with pytest.raises(SpeedrunError, match="batch_schedule must be a list"):
+        TrainConfig.from_dict({**QUICK, "batch_schedule": [[256]]})
+
+
+def test_warm_up_covers_every_stage_start_and_the_untie_step():
+    from speedrun.train import warm_up_steps
+
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "batch_schedule": [[256, 64], [512, 128]],
+                                 "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
+                                 "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9})
+    assert warm_up_steps(cfg) == [0, 4, 6, 8, 9]
+    assert warm_up_steps(TrainConfig.from_dict(QUICK)) == [0]
+
+
+def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 8, "val_every": 0,
+                                 "batch_schedule": [[256, 64], [512, 128]]})
+    result = run_training(cfg, variant="b", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "b.txt",
+                          env={})
+    assert result.status == "complete"
+    val = [x for _, kind, x in result.losses if kind == "val"]
+    assert val[-1] < val[0] - 1.0
+
+
+@pytest.mark.slow
+def test_a_compiled_run_warms_up_every_graph_and_matches_eager(synthetic, tmp_path):
+    """torch.compile on the CPU (Inductor's C++ backend): the warm-up compiles the graphs of every
+    schedule phase and restores the schedule state, so the compiled run's losses equal the eager run's."""
+    shards, bos = synthetic
+    settings = {**QUICK, "steps": 4, "val_every": 0, "dtype": "float32",
+                "batch_schedule": [[256, 64], [512, 128]],
+                "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True, "yarn": True},
+                "window_schedule": [[1, 1], [1, 2]], "untie_step": 2}
+    logs = {}
+    for compiled in (False, True):
+        cfg = TrainConfig.from_dict({**settings, "compile": compiled})
+        logs[compiled] = run_training(cfg, variant="c", seed=0, shards_dir=shards, bos_dir=bos,
+                                      log_path=tmp_path / f"{compiled}.txt", env={})
+    assert read_record(tmp_path / "True.txt").compile_s > 0
+    eager = [x for *_, x in logs[False].losses]
+    compiled = [x for *_, x in logs[True].losses]
+    assert compiled == pytest.approx(eager, rel=1e-4)

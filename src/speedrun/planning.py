@@ -18,6 +18,7 @@ import numpy as np
 from speedrun.data.dataset import read_manifest
 from speedrun.data.loader import steps_available
 from speedrun.errors import SpeedrunError
+from speedrun.optim.schedules import batch_stages
 
 
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
@@ -34,7 +35,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
 
     Args:
         cfg: resolved training settings (config.yaml ``train`` with a variant's overrides); reads ``steps``,
-            ``tokens_per_step``, ``micro_batches``, ``max_seq_len`` and ``val_tokens``.
+            ``tokens_per_step``, ``micro_batches``, ``max_seq_len``, ``val_tokens`` and the optional
+            ``batch_schedule`` (``[tokens_per_step, max_seq_len]`` per equal stage of the steps).
         shards_dir: the tokenize stage's folder (shards and ``manifest.json``).
         bos_dir: the bos_index stage's folder (one ``.npy`` per shard and ``manifest.json``).
         what: names the run in messages (e.g. ``"variant 'baseline'"``).
@@ -50,10 +52,13 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     micro_batches = _setting(cfg, "micro_batches", what)
     max_seq_len = _setting(cfg, "max_seq_len", what)
     val_tokens = _setting(cfg, "val_tokens", what)
-    if tokens_per_step % micro_batches:
-        raise SpeedrunError(
-            f"{what}: tokens_per_step {tokens_per_step} is not a multiple of micro_batches {micro_batches}"
-        )
+    stages = batch_stages(steps, [tuple(pair) for pair in cfg.get("batch_schedule") or ()], tokens_per_step,
+                          max_seq_len)
+    for _, tokens, _ in stages:
+        if tokens % micro_batches:
+            raise SpeedrunError(
+                f"{what}: tokens_per_step {tokens} is not a multiple of micro_batches {micro_batches}"
+            )
     manifest = read_manifest(shards_dir, "shards")
     shards = manifest["shards"]
     val = [s for s in shards if s["split"] == "val"]
@@ -70,7 +75,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")
     lengths = [s["tokens"] for s in train]
     indices = [np.load(bos[s["file"]], mmap_mode="r") for s in train]
-    fed = steps_available(lengths, indices, tokens_per_step // micro_batches, max_seq_len, micro_batches, steps)
+    fed = steps_available(lengths, indices, tokens_per_step // micro_batches, max_seq_len, micro_batches, steps,
+                          [(first, tokens // micro_batches, seq_len) for first, tokens, seq_len in stages])
     if fed < steps:
         tokens = sum(lengths)
         shards_needed = math.ceil(len(train) * steps / max(fed, 1))

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 
 from speedrun import __version__
-from speedrun.data.loader import (BosAlignedBatches, MicroBatch, steps_available, to_torch,
-                                  validation_batches)
+from speedrun.data.loader import (BosAlignedBatches, MicroBatch, padded_cu_seqlens, steps_available,
+                                  to_torch, validation_batches)
 from speedrun.data.shards import load_shard, sha256_file
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig, build_model_config
@@ -41,7 +41,7 @@ from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, Optimizers, ScheduleConfig, build_optimizers
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS
 from speedrun.preflight import GpuRequirement, preflight
-from speedrun.optim.schedules import window_blocks
+from speedrun.optim.schedules import batch_stages, stage_starts, window_blocks
 from speedrun.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
                              header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
                              val_line)
@@ -72,7 +72,10 @@ class TrainConfig:
     validation (null: unchanged); both need the model's ``window_pattern``. ``untie_step``: with the model's
     ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its Adam state
     (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix products
-    (``float32`` disables autocast). ``compile``: ``torch.compile`` the model.
+    (``float32`` disables autocast). ``compile``: ``torch.compile`` the model (one static-shape graph per
+    batch shape, window setting and tie state, all compiled in the untimed warm-up). ``batch_schedule``:
+    the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage
+    of the steps; when set it replaces ``tokens_per_step`` and ``max_seq_len`` (empty: constant).
 
     Raises :class:`SpeedrunError` naming the setting on a wrong type or value, and on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
@@ -108,6 +111,7 @@ class TrainConfig:
     window_schedule: tuple[tuple[int, int], ...] = ()
     final_window_long_blocks: int | None = None
     untie_step: int | None = None
+    batch_schedule: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
@@ -151,6 +155,12 @@ class TrainConfig:
             _check_int("untie_step", self.untie_step, 0)
             if not self.model_config().tie_embed_head:
                 raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
+        batches = self.batch_schedule
+        if not isinstance(batches, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
+            raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
+                                f"positive integers, got {batches!r}")
         if (schedule or self.final_window_long_blocks is not None) and not self.model_config().window_pattern:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
@@ -159,9 +169,10 @@ class TrainConfig:
         if self.micro_batches % self.world_size:
             raise SpeedrunError(f"train.micro_batches {self.micro_batches} is not a multiple of "
                                 f"train.world_size {self.world_size}")
-        if self.tokens_per_step % self.micro_batches:
-            raise SpeedrunError(f"train.tokens_per_step {self.tokens_per_step} is not a multiple of "
-                                f"train.micro_batches {self.micro_batches}")
+        for _, tokens, _ in self.batch_stages():
+            if tokens % self.micro_batches:
+                raise SpeedrunError(f"train.tokens_per_step {tokens} is not a multiple of "
+                                    f"train.micro_batches {self.micro_batches}")
         if self.val_tokens % (self.val_batch_tokens * self.world_size):
             raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
                                 f"world_size = {self.val_batch_tokens * self.world_size}")
@@ -177,15 +188,30 @@ class TrainConfig:
         values = dict(settings)
         if isinstance(values.get("adam_betas"), list):
             values["adam_betas"] = tuple(values["adam_betas"])
-        if isinstance(values.get("window_schedule"), list):
-            values["window_schedule"] = tuple(tuple(p) if isinstance(p, list) else p
-                                              for p in values["window_schedule"])
+        for key in ("window_schedule", "batch_schedule"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])
         return cls(**values)
 
     @property
     def micro_batch_tokens(self) -> int:
-        """Tokens per forward pass: tokens_per_step / micro_batches."""
-        return self.tokens_per_step // self.micro_batches
+        """Tokens per forward pass of the first stage: tokens_per_step / micro_batches."""
+        return self.batch_stages()[0][1] // self.micro_batches
+
+    def batch_stages(self) -> list[tuple[int, int, int]]:
+        """``(first_step, tokens_per_step, max_seq_len)`` per stage of the batch-size schedule
+        (:func:`speedrun.optim.schedules.batch_stages`; one stage without a schedule)."""
+        return batch_stages(self.steps, self.batch_schedule, self.tokens_per_step, self.max_seq_len)
+
+    def batch_at(self, step: int) -> tuple[int, int]:
+        """``(tokens_per_step, max_seq_len)`` of ``step``."""
+        return next((tokens, seq_len) for first, tokens, seq_len in reversed(self.batch_stages())
+                    if first <= step)
+
+    def train_tokens(self) -> int:
+        """Tokens of the whole run: the sum over steps of their tokens per step."""
+        bounds = [first for first, _, _ in self.batch_stages()] + [self.steps]
+        return sum((bounds[i + 1] - bounds[i]) * tokens for i, (_, tokens, _) in enumerate(self.batch_stages()))
 
     def model_config(self) -> GPTConfig:
         return build_model_config(self.preset, self.model)
@@ -294,8 +320,9 @@ def load_training_data(shards_dir: str | os.PathLike[str], bos_dir: str | os.Pat
 def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
     """Raise :class:`SpeedrunError` unless the train shards feed all ``steps`` and the validation shard
     holds ``val_tokens + 1`` tokens (planning only, no token is read)."""
-    fed = steps_available([len(s) for s in data.train_shards], data.train_bos, config.micro_batch_tokens,
-                          config.max_seq_len, config.micro_batches, config.steps)
+    stages = [(first, tokens // config.micro_batches, seq_len) for first, tokens, seq_len in config.batch_stages()]
+    fed = steps_available([len(s) for s in data.train_shards], data.train_bos, stages[0][1], stages[0][2],
+                          config.micro_batches, config.steps, stages)
     if fed < config.steps:
         raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
                             f"than train.steps = {config.steps}; add shards or lower steps")
@@ -420,14 +447,15 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
 
 
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[MicroBatch],
-               device: torch.device, autocast: Callable[[], Any], world_size: int) -> float:
+               device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int) -> float:
     """Forward and backward over this rank's ``micro_batches`` (gradients accumulate, each loss divided by
-    their number), then gradients and loss averaged over ranks. Returns the step's mean train loss."""
+    their number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks.
+    Returns the step's mean train loss."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for mb in micro_batches:
         inputs, targets, cu_seqlens = to_torch(mb, device)
         with autocast():
-            loss = forward(inputs, targets, cu_seqlens)
+            loss = forward(inputs, targets, cu_seqlens, max_seq_len)
         (loss / len(micro_batches)).backward()
         total += loss.detach().float()
     mean = (total / len(micro_batches)).reshape(1)
@@ -444,22 +472,29 @@ def evaluate(forward: Callable[..., torch.Tensor], batches: list[Batch], autocas
     total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
     for inputs, targets, cu_seqlens in batches:
         with autocast():
-            total += forward(inputs, targets, cu_seqlens).float()
+            total += forward(inputs, targets, cu_seqlens, inputs.size(0)).float()
     mean = (total / len(batches)).reshape(1)
     _all_reduce_mean([mean], world_size)
     return float(mean.item())
 
 
-def _warm_up(forward: Callable[..., torch.Tensor], model: GPT, tokens: int, device: torch.device,
-             autocast: Callable[[], Any]) -> None:
-    """One untimed forward and backward on a dummy one-document batch (compiles the graph); no update."""
-    inputs = torch.zeros(tokens, dtype=torch.int32, device=device)
-    targets = torch.zeros(tokens, dtype=torch.int64, device=device)
-    cu_seqlens = torch.tensor([0, tokens], dtype=torch.int32, device=device)
-    with autocast():
-        forward(inputs, targets, cu_seqlens).backward()
-    model.zero_grad(set_to_none=True)
+def _dummy_batch(tokens: int, device: torch.device) -> Batch:
+    """A micro-batch of ``tokens`` zeros in one document, with ``cu_seqlens`` padded like the loader's: the
+    shapes of a real micro-batch of that size, for compiling."""
+    cu_seqlens = torch.from_numpy(padded_cu_seqlens(np.array([0, tokens], dtype=np.int32))).to(device)
+    return (torch.zeros(tokens, dtype=torch.int32, device=device),
+            torch.zeros(tokens, dtype=torch.int64, device=device), cu_seqlens)
 
+
+def warm_up_steps(config: TrainConfig) -> list[int]:
+    """The steps whose graphs an untimed warm-up compiles: 0, each batch-size and window stage start, the
+    untie step (records since #21 warm up on the steps where a shape or a schedule changes)."""
+    steps = {0} | {first for first, _, _ in config.batch_stages()}
+    if config.window_schedule:
+        steps |= set(stage_starts(config.steps, len(config.window_schedule)))
+    if config.untie_step is not None and config.untie_step < config.steps:
+        steps.add(config.untie_step)
+    return sorted(s for s in steps if s < config.steps)
 
 class _Run:
     """The state of one run on this rank: model, optimizers, data, clock and log."""
@@ -474,9 +509,9 @@ class _Run:
                 dist.broadcast(p.data, src=0)
         self.optimizers: Optimizers = build_optimizers(self.model, self.model.parameter_kinds(),
                                                        config.optim_config())
-        self.forward = torch.compile(self.model) if config.compile else self.model
+        self.forward = self._compiled() if config.compile else self.model
         self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
-                                         config.max_seq_len)
+                                         config.batch_at(0)[1])
         self.val = [to_torch(mb, device) for mb in validation_batches(
             data.val_tokens, data.val_bos, config.val_tokens, config.val_batch_tokens, launch.rank,
             launch.world_size)]
@@ -484,6 +519,20 @@ class _Run:
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
         self.result = RunResult()
+
+    def _compiled(self) -> Callable[..., torch.Tensor]:
+        """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
+        batch shape, window setting and tie state is one graph; the recompile limit leaves room for them."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        return torch.compile(self.model, dynamic=False)
+
+    def evaluate(self, batches: list[Batch], world_size: int) -> float:
+        """:func:`evaluate` with the model in evaluation mode (no FP8), back in training mode after."""
+        self.model.eval()
+        try:
+            return evaluate(self.forward, batches, self.autocast, world_size)
+        finally:
+            self.model.train()
 
     def set_windows(self, step: int) -> None:
         """Give the model the attention windows of ``step`` (YaRN rescales on growth, in the model)."""
@@ -495,7 +544,7 @@ class _Run:
         """Validate with the clock stopped and log the line; False when the loss is not finite."""
         self.clock.stop()
         self.set_windows(step)
-        val_loss = evaluate(self.forward, self.val, self.autocast, self.launch.world_size)
+        val_loss = self.evaluate(self.val, self.launch.world_size)
         self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
         self.result.losses.append((step, "val", val_loss))
         self.clock.start()
@@ -509,8 +558,12 @@ class _Run:
         if step == cfg.untie_step and self.model.tied:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
+        tokens, max_seq_len = cfg.batch_at(step)
+        if (tokens // cfg.micro_batches, max_seq_len) != (self.batches.micro_batch_tokens, self.batches.max_seq_len):
+            self.batches.set_batch(tokens // cfg.micro_batches, max_seq_len)
         mine = self.batches.next_step(cfg.micro_batches, self.launch.rank, self.launch.world_size)
-        loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size)
+        loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
+                          max_seq_len)
         if math.isfinite(loss):
             self.optimizers.step()
         self.optimizers.zero_grad()
@@ -519,11 +572,31 @@ class _Run:
         return math.isfinite(loss)
 
     def warm_up(self) -> float:
-        """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time."""
+        """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
+
+        Runs a forward and backward on dummy micro-batches for each of :func:`warm_up_steps` (with that
+        step's batch shape, windows and tie state) and the validation forward with the final windows, so
+        that no graph is compiled inside the timed region; then puts back the schedule state (windows,
+        YaRN frequencies and scale, tie) and clears the gradients. No parameter changes."""
         start = _now()
-        if self.config.compile:
-            _warm_up(self.forward, self.model, self.config.micro_batch_tokens, self.device, self.autocast)
-            self.clock.sync()
+        if not self.config.compile:
+            return 0.0
+        model, cfg = self.model, self.config
+        saved = (model.window_blocks, model.rotary_frequencies.clone(), model.attention_scale, model.tied)
+        for step in warm_up_steps(cfg):
+            self.set_windows(step)
+            model.tied = saved[3] and (cfg.untie_step is None or step < cfg.untie_step)
+            tokens, max_seq_len = cfg.batch_at(step)
+            inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
+            with self.autocast():
+                self.forward(inputs, targets, cu_seqlens, max_seq_len).backward()
+        for step in sorted({0, cfg.steps}):
+            self.set_windows(step)
+            self.evaluate(self.val[:1], world_size=1)
+        model.window_blocks, model.attention_scale, model.tied = saved[0], saved[2], saved[3]
+        model.rotary_frequencies.copy_(saved[1])
+        model.zero_grad(set_to_none=True)
+        self.clock.sync()
         return _now() - start
 
     def run(self) -> RunResult:

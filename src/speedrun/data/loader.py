@@ -240,18 +240,24 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 
 def steps_available(shard_lengths: Sequence[int], bos_indices: Sequence[np.ndarray],
-                    micro_batch_tokens: int, max_seq_len: int, micro_batches: int, steps: int) -> int:
+                    micro_batch_tokens: int, max_seq_len: int, micro_batches: int, steps: int,
+                    stages: Sequence[tuple[int, int, int]] = ()) -> int:
     """How many of ``steps`` optimizer steps of ``micro_batches`` micro-batches of T tokens the train
     shards can feed, by planning only (no token is read).
 
-    Same plan as :class:`BosAlignedBatches`, so the answer is exact; cost is one binary search per
-    micro-batch. Raises :class:`SpeedrunError` on non-positive sizes.
+    ``stages``: a batch-size schedule as ``(first_step, micro_batch_tokens, max_seq_len)`` in increasing
+    first_step (the first at 0); it replaces ``micro_batch_tokens`` and ``max_seq_len`` from each first
+    step on. Same plan as :class:`BosAlignedBatches`, so the answer is exact; cost is one binary search
+    per micro-batch. Raises :class:`SpeedrunError` on non-positive sizes.
     """
     _check_positive("micro_batches", micro_batches)
     if steps < 0:
         raise SpeedrunError(f"steps must be >= 0, got {steps}")
     planner = _Planner(shard_lengths, bos_indices, micro_batch_tokens, max_seq_len)
+    changes = {first: (tokens, seq_len) for first, tokens, seq_len in stages}
     for step in range(steps):
+        if step in changes:
+            planner.set_batch(*changes[step])
         for _ in range(micro_batches):
             if planner.next_micro_batch() is None:
                 return step
@@ -297,14 +303,29 @@ def _validation_chunk(tokens: np.ndarray, bos: np.ndarray, start: int, batch: in
                       cu_seqlens=cu_seqlens)
 
 
-def to_torch(mb: MicroBatch, device: "torch.device | str") -> tuple["torch.Tensor", "torch.Tensor",
-                                                                      "torch.Tensor"]:
+DOC_SLOT_MULTIPLE = 128
+
+
+def padded_cu_seqlens(cu_seqlens: np.ndarray, multiple: int = DOC_SLOT_MULTIPLE) -> np.ndarray:
+    """``cu_seqlens`` (D+1,) int32 padded with repeats of T to the next multiple of ``multiple`` slots
+    (at least one pad-free multiple): empty documents that every attention backend ignores, so that a
+    compiled model sees one shape per micro-batch size instead of one per document count (the public
+    speedrun pads to ``max_num_docs``, record #29, tightened by #78). ``multiple`` 1 pads nothing."""
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    slots = -(-len(cu_seqlens) // multiple) * multiple
+    return np.pad(cu_seqlens, (0, slots - len(cu_seqlens)), constant_values=cu_seqlens[-1]).astype(np.int32)
+
+
+def to_torch(mb: MicroBatch, device: "torch.device | str", doc_slot_multiple: int = DOC_SLOT_MULTIPLE
+             ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
     """``(inputs, targets, cu_seqlens)`` of ``mb`` as tensors on ``device``: (T,) int32, (T,) int64,
-    (D+1,) int32. Copies are non-blocking from pinned memory when ``device`` is CUDA."""
+    (S,) int32 (``cu_seqlens`` padded by :func:`padded_cu_seqlens` to a multiple of ``doc_slot_multiple``
+    slots). Copies are non-blocking from pinned memory when ``device`` is CUDA."""
     import torch
 
     device = torch.device(device)
-    arrays = (mb.inputs, mb.targets, mb.cu_seqlens)
+    arrays = (mb.inputs, mb.targets, padded_cu_seqlens(mb.cu_seqlens, doc_slot_multiple))
     tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     if device.type == "cuda":
         return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)

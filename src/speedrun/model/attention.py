@@ -1,32 +1,41 @@
 """Document-causal attention over one packed sequence per rank, behind one interface with a registry.
 
 :func:`attention` takes q, k, v of shape (T, H, D) (B = 1: the documents of a micro-batch back to back,
-speedrun-spec.md 1.3) and ``cu_seqlens`` (D+1,) int32, and lets each query attend to the keys of its own
-document at or before it, optionally within a sliding ``window`` of tokens (records #12, #13). Backends:
+speedrun-spec.md 1.3) and the documents (:class:`PackedDocuments`, or a bare ``cu_seqlens`` (S,) int32),
+and lets each query attend to the keys of its own document at or before it, optionally within a sliding
+``window`` of tokens (records #12, #13). ``cu_seqlens`` may end in repeats of T (empty documents): the
+loader pads it to a fixed length so that a compiled model sees one shape (record #29's ``max_num_docs``).
+Backends:
 
 * ``"reference"``: plain softmax(q kᵀ · scale + mask) v with the (T, T) mask built from ``cu_seqlens``.
   Any device and dtype; the ground truth of the tests.
 * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` with that boolean mask (memory-efficient
   kernel; costs T² whatever the document lengths).
-* ``"sdpa_docs"`` (default): one causal SDPA call per document (flash kernels; a band mask when a window is
-  set). Costs sum(L_d²) instead of T²: the fastest backend here on CPU and on an H200 until a varlen
-  kernel lands. It reads ``cu_seqlens`` on the host (one sync per layer on a GPU).
+* ``"sdpa_docs"``: one causal SDPA call per document (flash kernels; a band mask when a window is set).
+  Costs sum(L_d²) instead of T²: the fastest backend on a CPU. It reads ``cu_seqlens`` on the host (one
+  sync per layer on a GPU) and so cannot be compiled as one graph.
 * ``"flex"``: ``torch.nn.attention.flex_attention`` with a block mask (128-token blocks) built from
   ``cu_seqlens`` and the window (records #12, #13: FlexAttention with document masking and sliding windows).
-  On CUDA it runs ``torch.compile(flex_attention)`` (the fused kernel); on a CPU the eager, unfused
+  The block mask of each (window, length) is built once per forward pass and shared by the layers that use
+  it (:class:`PackedDocuments` caches it). On CUDA the fused kernel (compiled); on a CPU the eager, unfused
   implementation, forward only (torch has no CPU backward for it): a test and debugging path.
+* ``"varlen"``: ``torch.nn.attention.varlen.varlen_attn`` (PyTorch's flash-attention varlen kernel, the
+  kernel family of record #29) with ``window_size = (W-1, 0)``; CUDA and bf16/fp16 only. It takes the
+  longest document as a host integer: :class:`PackedDocuments` ``max_seqlen`` (the loader's ``max_seq_len``)
+  avoids reading it back from the GPU.
 
-Another backend (varlen flash attention) is a function with the signature of :data:`Backend` registered
-under a name of :data:`speedrun.model.config.AttentionBackend`.
+Another backend is a function with the signature of :data:`Backend` registered under a name of
+:data:`speedrun.model.config.AttentionBackend`.
 
-Shape legend: T tokens, H heads, D head_dim, L_d tokens of document d.
+Shape legend: T tokens, H heads, D head_dim, S cu_seqlens slots, L_d tokens of document d.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -37,24 +46,67 @@ from speedrun.model.packing import document_causal_mask, document_ids
 # SDPA kernels allowed: not cuDNN, which builds an execution plan per new sequence length (seconds per
 # step with documents of varying length on an H200, torch 2.11).
 _SDPA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"],
+
+
+@dataclass
+class PackedDocuments:
+    """The documents of one packed sequence, and what the attention backends build from them once per
+    forward pass.
+
+    Fields: ``cu_seqlens`` (S,) int32: 0, the document starts, then T (possibly repeated: empty padding
+    documents); ``num_tokens`` T; ``max_seqlen``: an upper bound on a document's length in tokens, or None
+    (then read from ``cu_seqlens`` when a backend needs it). ``cache``: per-forward memo of block masks and
+    document ids (create one :class:`PackedDocuments` per forward pass; never reuse it across batches).
+    """
+
+    cu_seqlens: torch.Tensor
+    num_tokens: int
+    max_seqlen: int | None = None
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    def cached(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()`` the first time ``key`` is asked for in this forward pass, the same object after."""
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
+
+    def doubled(self) -> "PackedDocuments":
+        """The same documents with every token counted twice (2T tokens, lengths doubled): the sequence of
+        paired-head attention (record #58), where token t becomes positions 2t and 2t+1. Cached."""
+        return self.cached("doubled", lambda: PackedDocuments(
+            self.cu_seqlens * 2, 2 * self.num_tokens,
+            None if self.max_seqlen is None else 2 * self.max_seqlen))
+
+    def document_ids(self) -> torch.Tensor:
+        """(T,) int64 document index of each token (:func:`speedrun.model.packing.document_ids`), cached."""
+        return self.cached("document_ids", lambda: document_ids(self.cu_seqlens, self.num_tokens))
+
+    def longest(self) -> int:
+        """``max_seqlen`` when given, else the longest document read from ``cu_seqlens`` (a host sync)."""
+        if self.max_seqlen is not None:
+            return min(self.max_seqlen, self.num_tokens)
+        return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max())
+
+
+Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedDocuments, float, "int | None"],
                    torch.Tensor]
 _BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str) -> Callable[[Backend], Backend]:
-    """Decorator: register ``fn(q, k, v, cu_seqlens, scale, window) -> (T, H, D)`` as backend ``name``."""
+    """Decorator: register ``fn(q, k, v, docs, scale, window) -> (T, H, D)`` as backend ``name``."""
     def register(fn: Backend) -> Backend:
         _BACKENDS[name] = fn
         return fn
     return register
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-              window: int | None = None, *, backend: str = "reference") -> torch.Tensor:
-    """Document-causal attention. q, k, v: (T, H, D), same dtype; cu_seqlens: (D+1,) int32 from 0 to T;
-    scale: multiplies q·k (e.g. D**-0.5); window: None or W >= 1 tokens (query i sees keys i-W+1..i).
-    Returns (T, H, D) in the dtype of q. Raises ``ValueError`` for an unknown backend or bad shapes."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments | torch.Tensor,
+              scale: float, window: int | None = None, *, backend: str = "reference") -> torch.Tensor:
+    """Document-causal attention. q, k, v: (T, H, D), same dtype; docs: :class:`PackedDocuments` or
+    ``cu_seqlens`` (S,) int32 from 0 to T; scale: multiplies q·k (e.g. D**-0.5); window: None or W >= 1
+    tokens (query i sees keys i-W+1..i). Returns (T, H, D) in the dtype of q. Raises ``ValueError`` for an
+    unknown backend, bad shapes, or a backend that cannot run on these inputs (``varlen`` off CUDA)."""
     if backend not in _BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; registered: {', '.join(_BACKENDS)}")
     if q.ndim != 3 or q.shape != k.shape or k.shape != v.shape:
@@ -62,59 +114,89 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: tor
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if window is not None and window < 1:
         raise ValueError(f"window must be None or >= 1 token, got {window}")
-    return _BACKENDS[backend](q, k, v, cu_seqlens, scale, window)
+    if isinstance(docs, torch.Tensor):
+        docs = PackedDocuments(docs, q.size(0))
+    if docs.num_tokens != q.size(0):
+        raise ValueError(f"the documents hold {docs.num_tokens} tokens, q holds {q.size(0)}")
+    return _BACKENDS[backend](q, k, v, docs, scale, window)
 
 
 @register_backend("reference")
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
                window: int | None) -> torch.Tensor:
-    mask = document_causal_mask(cu_seqlens, q.size(0), window)          # (T, T)
+    mask = document_causal_mask(docs.cu_seqlens, q.size(0), window)      # (T, T)
     scores = torch.einsum("thd,shd->hts", q, k) * scale                  # (H, T, T)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("hts,shd->thd", scores.softmax(dim=-1), v)      # (T, H, D)
 
 
 @register_backend("sdpa")
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
           window: int | None) -> torch.Tensor:
-    mask = document_causal_mask(cu_seqlens, q.size(0), window)          # (T, T)
+    mask = docs.cached(("dense_mask", window), lambda: document_causal_mask(docs.cu_seqlens, q.size(0),
+                                                                             window))   # (T, T)
     with sdpa_kernel(_SDPA_KERNELS):
         out = F.scaled_dot_product_attention(*_heads_first(q, k, v), attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1)                                        # (T, H, D)
 
 
 @register_backend("sdpa_docs")
-def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
                window: int | None) -> torch.Tensor:
-    bounds = cu_seqlens.tolist()
+    bounds = docs.cached("bounds", docs.cu_seqlens.tolist)
     outs = []
     for start, stop in zip(bounds[:-1], bounds[1:]):
+        if stop == start:                                                        # padding slot
+            continue
         qd, kd, vd = _heads_first(q[start:stop], k[start:stop], v[start:stop])  # (1, H, L_d, D)
         with sdpa_kernel(_SDPA_KERNELS):
             if window is None or window >= stop - start:
                 out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scale)
             else:
-                band = document_causal_mask(cu_seqlens.new_tensor([0, stop - start]), stop - start, window)
+                band = document_causal_mask(docs.cu_seqlens.new_tensor([0, stop - start]), stop - start,
+                                            window)
                 out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=band, scale=scale)
         outs.append(out[0].transpose(0, 1))                                      # (L_d, H, D)
     return torch.cat(outs, dim=0)
 
 
 @register_backend("flex")
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
           window: int | None) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    num_tokens = q.size(0)
-    docs = document_ids(cu_seqlens, num_tokens)                                  # (T,)
-
-    def document_causal(b, h, q_idx, kv_idx):
-        keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
-        return keep if window is None else keep & (q_idx - kv_idx < window)
-
-    block_mask = create_block_mask(document_causal, None, None, num_tokens, num_tokens, device=q.device)
+    block_mask = docs.cached(("flex_block_mask", window), lambda: _flex_block_mask(docs, window, q.device))
     out = _flex_attention(q.is_cuda)(*_heads_first(q, k, v), block_mask=block_mask, scale=scale)
     return out[0].transpose(0, 1)                                                # (T, H, D)
+
+
+def _flex_block_mask(docs: PackedDocuments, window: int | None, device: torch.device) -> Any:
+    """The FlexAttention block mask (128-token blocks) of document-causal attention within ``window``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ids = docs.document_ids()                                                    # (T,)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        keep = (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
+        return keep if window is None else keep & (q_idx - kv_idx < window)
+
+    # Outside a compiled graph on CUDA, compile the mask construction itself (the eager one evaluates
+    # the mask over all T² pairs at once); inside one, it is traced with the rest of the model.
+    compile_it = device.type == "cuda" and not torch.compiler.is_compiling()
+    return create_block_mask(document_causal, None, None, docs.num_tokens, docs.num_tokens, device=device,
+                             _compile=compile_it)
+
+
+@register_backend("varlen")
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
+            window: int | None) -> torch.Tensor:
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention backend 'varlen' needs CUDA bf16/fp16 tensors, got {q.device} "
+                         f"{q.dtype}")
+    from torch.nn.attention.varlen import varlen_attn
+
+    longest = docs.longest()
+    cu = docs.cu_seqlens.to(torch.int32)
+    left = -1 if window is None else window - 1
+    return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(left, 0))
 
 
 @functools.cache

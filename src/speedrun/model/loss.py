@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.config import SoftcapKind
+from speedrun.model.fp8 import fp8_linear, fp8_matmul
 
 _TINY_PROB = 1e-30
 SIGMOID_SHIFT = 5.0
@@ -48,35 +49,38 @@ def softcap_logits(z: torch.Tensor, softcap: float | None, kind: SoftcapKind = "
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                          softcap: float | None = None, softcap_kind: SoftcapKind = "tanh",
                          impl: Literal["full", "chunked"] = "chunked",
-                         chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+                         chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None,
+                         fp8: bool = False) -> torch.Tensor:
     """Mean cross-entropy (nats per token; an fp32 scalar, fp64 for fp64 products) of the logits
     ``softcap(x @ weight.T)``.
 
     x: (T, C) float; weight: (V, C) float; targets: (T,) int64 in 0..V-1; softcap: None or c > 0, applied as
     ``softcap_kind`` (:func:`softcap_logits`); compute_dtype: dtype of the matrix products (default: x's dtype).
-    Differentiable in x and weight for both ``impl``.
+    fp8: the logits' product in FP8 (:mod:`speedrun.model.fp8`, record #19: the training forward of the
+    head), the gradients' products in bf16. Differentiable in x and weight for both ``impl``.
     """
     dtype = compute_dtype or x.dtype
     with torch.autocast(x.device.type, enabled=False):
         if impl == "full":
-            logits = F.linear(x.to(dtype), weight.to(dtype)).to(_accumulation_dtype(dtype))  # (T, V)
+            logits = fp8_linear(x, weight) if fp8 else F.linear(x.to(dtype), weight.to(dtype))  # (T, V)
+            logits = logits.to(_accumulation_dtype(dtype))
             return F.cross_entropy(softcap_logits(logits, softcap, softcap_kind), targets)
         if impl != "chunked":
             raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full' or 'chunked'")
         cap = None if softcap is None else (softcap, softcap_kind)
         if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
-            return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False)[0]
-        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype)
+            return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False, fp8)[0]
+        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype, fp8)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Loss in the forward pass, with dL/dx and dL/dW computed alongside and saved for the backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, softcap, chunk_tokens, dtype):  # noqa: D102 (autograd API)
+    def forward(ctx, x, weight, targets, softcap, chunk_tokens, dtype, fp8):  # noqa: D102 (autograd API)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         loss, grad_x, grad_w = chunked_cross_entropy(x, weight, targets, softcap, chunk_tokens, dtype,
-                                                     need_x, need_w)
+                                                     need_x, need_w, fp8)
         ctx.save_for_backward(grad_x, grad_w)
         ctx.dtypes = (x.dtype, weight.dtype)
         return loss
@@ -87,17 +91,18 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         dx = (grad_x * grad_loss).to(x_dtype) if ctx.needs_input_grad[0] else None
         dw = (grad_w * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 @torch.no_grad()
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           softcap: tuple[float, SoftcapKind] | None, chunk_tokens: int, dtype: torch.dtype,
-                          need_x: bool = True, need_w: bool = True
+                          need_x: bool = True, need_w: bool = True, fp8: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, dloss/dx, dloss/dW)``: fp32 scalar mean loss, (T, C) and (V, C) gradients in fp32 (fp64 when
     ``dtype`` is fp64; empty tensors when not ``need_x`` / ``need_w``). ``softcap``: None or (c, kind).
-    Other inputs as for :func:`linear_cross_entropy`."""
+    ``fp8``: the logits of each chunk from :func:`speedrun.model.fp8.fp8_matmul`. Other inputs as for
+    :func:`linear_cross_entropy`."""
     num_tokens, vocab, dim = x.size(0), weight.size(0), weight.size(1)
     xs, w = x.to(dtype), weight.to(dtype)
     acc = _accumulation_dtype(dtype)
@@ -111,7 +116,10 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
     grad_w = torch.zeros((vocab, dim) if need_w else 0, dtype=acc, device=x.device)
     for start in range(0, num_tokens, chunk):
         rows, n = slice(start, start + chunk), min(chunk, num_tokens - start)
-        torch.mm(xs[rows], w.t(), out=low[:n])
+        if fp8:
+            low[:n].copy_(fp8_matmul(xs[rows], w))
+        else:
+            torch.mm(xs[rows], w.t(), out=low[:n])
         if low is not logits:
             logits[:n].copy_(low[:n])
         dz = _loss_and_grad(logits[:n], probs[:n], targets[rows], softcap, losses[rows], need_x or need_w)

@@ -16,13 +16,14 @@ import torch
 def document_ids(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """(T,) int64: the index d of the document [cu_seqlens[d], cu_seqlens[d+1]) each token lies in.
 
-    ``cu_seqlens``: (D+1,) int32 or int64, strictly increasing, starting at 0 and ending at T =
-    ``num_tokens``. Computed as the running count of document starts (a scatter and a cumsum: unlike
-    ``searchsorted``, this compiles with Inductor's Triton backend on torch 2.11).
+    ``cu_seqlens``: (S,) int32 or int64, starting at 0, strictly increasing up to T = ``num_tokens``, then
+    possibly T repeated (empty padding documents, so that a compiled model sees one shape). Computed as the
+    running count of document starts (a scatter and a cumsum: unlike ``searchsorted``, this compiles with
+    Inductor's Triton backend on torch 2.11); the scatter target has a slot for T, where padding lands.
     """
-    starts = torch.zeros(num_tokens, dtype=torch.int64, device=cu_seqlens.device)
+    starts = torch.zeros(num_tokens + 1, dtype=torch.int64, device=cu_seqlens.device)
     starts[cu_seqlens[1:-1].to(torch.int64)] = 1
-    return starts.cumsum(0)
+    return starts[:num_tokens].cumsum(0)
 
 
 def document_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:

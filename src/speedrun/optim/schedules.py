@@ -61,3 +61,27 @@ def window_blocks(step: int, steps: int, schedule: Sequence[tuple[int, int]],
     if step == steps and final_long_blocks is not None:
         long = final_long_blocks
     return short, long
+
+
+def stage_starts(steps: int, stages: int) -> list[int]:
+    """First step of each of ``stages`` equal stages of ``steps`` (the boundaries of :func:`stage_index`):
+    [0, round(steps/stages), ...]. Raises ``ValueError`` for stages < 1 or steps < 0."""
+    if stages < 1 or steps < 0:
+        raise ValueError(f"need stages >= 1 and steps >= 0, got {stages}, {steps}")
+    return [0] + [int(k * steps / stages + 0.5) for k in range(1, stages)]
+
+
+def batch_stages(steps: int, schedule: Sequence[tuple[int, int]], tokens_per_step: int,
+                 max_seq_len: int) -> list[tuple[int, int, int]]:
+    """The batch-size schedule (record #46: 131,072 -> 262,144 -> 393,216 tokens per step; with the
+    max_seq_len schedule of record #72, 896 -> 2048) as ``(first_step, tokens_per_step, max_seq_len)``
+    per stage, in order. ``schedule``: one ``(tokens_per_step, max_seq_len)`` pair per equal stage of the
+    steps (:func:`stage_index`); empty: one stage of ``tokens_per_step`` and ``max_seq_len``. Stages that
+    would start at the same step (more stages than steps) keep only the last."""
+    if not schedule:
+        return [(0, tokens_per_step, max_seq_len)]
+    starts = stage_starts(steps, len(schedule))
+    stages: dict[int, tuple[int, int, int]] = {}
+    for start, (tokens, seq_len) in zip(starts, schedule):
+        stages[start] = (start, tokens, seq_len)
+    return sorted(stages.values())
