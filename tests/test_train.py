@@ -402,3 +402,16 @@ def test_a_compiled_run_warms_up_every_graph_and_matches_eager(synthetic, tmp_pa
     eager = [x for *_, x in logs[False].losses]
     compiled = [x for *_, x in logs[True].losses]
     assert compiled == pytest.approx(eager, rel=1e-4)
+
+
+def test_compile_cache_points_inductor_and_triton_into_one_folder_unless_set(tmp_path):
+    from speedrun.train import use_compile_cache
+
+    env = {}
+    use_compile_cache(tmp_path / "cache", env)
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache" / "inductor"),
+                   "TRITON_CACHE_DIR": str(tmp_path / "cache" / "triton")}
+    mine = {"TRITON_CACHE_DIR": "/elsewhere"}
+    use_compile_cache(tmp_path / "cache", mine)
+    assert mine["TRITON_CACHE_DIR"] == "/elsewhere"
+    assert mine["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")

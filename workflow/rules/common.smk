@@ -83,6 +83,9 @@ TRAIN_LAUNCHER = shlex.join(
     [sys.executable, os.path.normpath(os.path.join(workflow.current_basedir, "..", "scripts", "launch_train.py"))]
 )
 GPU_LOCKS = "none" if workflow.remote_exec else "results/.gpu-locks"
+# The Inductor/Triton caches every compiled run shares (keyed by graph, code and versions by torch itself),
+# so that only the first seed of a model shape pays the cold compile. Not an output of any rule.
+COMPILE_CACHE = "results/compile-cache"
 
 
 def get_shards_dir(wildcards):

@@ -33,6 +33,6 @@ rule train:
         "{TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
         "--device {params.device} --gpu-locks {GPU_LOCKS} --label {output:q} -- "
         "speedrun train --config {params.config:q} --variant {wildcards.variant} --seed {wildcards.seed} "
-        "--shards-dir {input.shards} --bos-dir {input.bos} --out {output} "
+        "--shards-dir {input.shards} --bos-dir {input.bos} --out {output} --compile-cache {COMPILE_CACHE} "
         "--gpu-model={config[cluster][gpu_model]:q} --gpu-memory-gib={config[cluster][gpu_memory_gib]} "
         "> {log} 2>&1"

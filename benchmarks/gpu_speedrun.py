@@ -1,0 +1,143 @@
+"""Throughput and loss-against-time of the speedrun GPT on one GPU, through the train stage itself.
+
+Runs :func:`speedrun.train.run_training` (the code the pipeline runs: loader, compiled model, optimizers,
+log) with the ``train`` settings of a config file, on the tokenize and bos_index stages' folders of a
+corpus, then reads the log back and prints one JSON line of figures:
+
+* ``compile_s``: compile and warm-up before the first timed step (outside train_time);
+* ``step_ms``: median wall time of a training step after the first ``--skip`` steps (from the cumulative
+  train_time of the log's train lines), ``tokens_per_s`` = tokens per step / step_ms;
+* ``mfu``: model FLOPs per token (:func:`flops_per_token`) x tokens/s against ``--peak-tflops`` (the
+  H200's measured dense bf16 rate, 810 TFLOP/s);
+* ``peak_mib``: peak allocated memory; ``val``: every (step, train_time s, val_loss) of the log.
+
+With ``--profile`` it also traces two training steps with torch.profiler after the run and writes the
+table of the kernels that take the most GPU time to ``<out>/<name>.profile.txt``.
+
+    PYTHONPATH=src python benchmarks/gpu_speedrun.py --config configs/h200-record28.yaml \\
+        --data .carry/dd --out /tmp/bench --name record28 --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from speedrun.analysis.logs import parse_log, read_record
+from speedrun.model.config import GPTConfig
+from speedrun.train import TrainConfig, run_training
+
+H200_BF16_TFLOPS = 810.0
+
+
+def flops_per_token(model: GPTConfig, window_tokens: float) -> float:
+    """Training FLOPs per token (forward + backward = 3 x forward): 6 x the multiply-adds of the matrix
+    parameters (Q, K, V, O and MLP per layer, and the head) plus the attention products, 4 x n_head x
+    head_dim x the mean number of keys a query sees, times 3. ``window_tokens``: that mean context (about
+    half the window for windows shorter than the documents). An estimate: embeddings, norms and the
+    softmax are left out (speedrun-spec.md 6 counts about 0.85 GFLOP per token for the record's model)."""
+    c, a, f = model.model_dim, model.attn_dim, model.mlp_hidden
+    matrices = model.n_layer * (3 * c * a + a * c + 2 * c * f) + model.vocab_size * c
+    attention = model.n_layer * 4 * a * window_tokens
+    return 6.0 * matrices + 3.0 * attention
+
+
+def load_settings(path: Path, overrides: list[str], steps: int | None) -> dict:
+    """The ``train`` mapping of the config file, with ``key=json`` overrides and ``--steps``."""
+    settings = dict(yaml.safe_load(path.read_text())["train"])
+    for item in overrides:
+        key, _, value = item.partition("=")
+        settings[key] = json.loads(value)
+    if steps is not None:
+        settings["steps"] = steps
+    return settings
+
+
+def step_times_ms(log: Path) -> list[float]:
+    """Per-step wall times (ms) from the cumulative train_time of the train lines (validation excluded)."""
+    train = parse_log(log).metrics
+    train = train[train["kind"] == "train"].sort_values("step")
+    times = [0.0] + train["train_time_ms"].tolist()
+    return [b - a for a, b in zip(times[:-1], times[1:])]
+
+
+def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float) -> dict:
+    record = read_record(log)
+    metrics = parse_log(log).metrics
+    val = metrics[metrics["kind"] == "val"]
+    steps = step_times_ms(log)
+    step_ms = statistics.median(steps[skip:]) if len(steps) > skip else float("nan")
+    tokens = config.batch_at(config.steps - 1)[0]
+    model = config.model_config()
+    window = model.window_long_blocks * model.window_block_size if model.window_pattern else config.max_seq_len
+    flops = flops_per_token(model, min(window, config.max_seq_len) / 2)
+    tokens_per_s = tokens / step_ms * 1000.0
+    return {"status": record.status, "compile_s": record.compile_s, "steps": config.steps,
+            "tokens_per_step": tokens, "step_ms": round(step_ms, 1), "tokens_per_s": round(tokens_per_s),
+            "mfu": round(flops * tokens_per_s / (peak_tflops * 1e12), 3), "gflop_per_token": round(flops / 1e9, 3),
+            "peak_mib": record.peak_memory_mib, "train_time_s": (record.train_time_ms or float("nan")) / 1000,
+            "val": [(int(r.step), round(r.train_time_ms / 1000, 1), round(r.val_loss, 4))
+                    for r in val.itertuples()]}
+
+
+def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
+    """Trace two compiled training steps (after warm-up and one untimed step) and write the kernel table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from speedrun.runlog import RunLog
+    from speedrun.train import Launch, _Run, load_training_data, resolve_device
+
+    device = resolve_device("cuda", 0)
+    run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))
+    run.warm_up()
+    run.train(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for step in (1, 2):
+            run.train(step)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=80)
+    out.write_text(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True, help="a config file with a `train` section")
+    parser.add_argument("--data", type=Path, required=True, help="folder holding shards/ and bos/ (the stages' outputs)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the log, the figures and the profile")
+    parser.add_argument("--name", required=True, help="run name (log file stem)")
+    parser.add_argument("--steps", type=int, default=None, help="override train.steps")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=JSON",
+                        help="override one train setting, e.g. --set 'model={\"attention_backend\": \"varlen\"}'")
+    parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = TrainConfig.from_dict(load_settings(args.config, args.overrides, args.steps))
+    log = args.out / f"{args.name}.txt"
+    started = time.time()
+    run_training(config, variant=args.name, seed=0, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
+                 log_path=log, env={})
+    figures = summarize(config, log, args.skip, args.peak_tflops)
+    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=torch.cuda.get_device_name(0),
+                   torch=torch.__version__, host=socket.gethostname(), config=str(args.config),
+                   overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
+    if args.profile:
+        profile_steps(config, args.data, args.out / f"{args.name}.profile.txt")
+    print(json.dumps(figures), flush=True)
+    with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(figures) + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
