@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from speedrun.errors import SpeedrunError
-from speedrun.model.block import Block, CausalSelfAttention
+from speedrun.model.attention import PackedDocuments
+from speedrun.model.block import AttentionContext, Block, CausalSelfAttention
 from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.gpt import GPT
@@ -50,8 +51,8 @@ def test_value_embedding_is_added_to_the_attention_values():
     tokens = torch.tensor([3, 1, 4])
     (table,) = ve.per_layer(tokens, 1)
     cos, sin = torch.ones(3, 1, dtype=torch.float64), torch.zeros(3, 1, dtype=torch.float64)
-    out = attn(torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 1, 3], dtype=torch.int32), cos, sin,
-               1.0, None, table)
+    context = AttentionContext(PackedDocuments(torch.tensor([0, 1, 3], dtype=torch.int32), 3), cos, sin, 1.0)
+    out = attn(torch.randn(3, 4, dtype=torch.float64), context, None, table)
     rows = torch.arange(20, dtype=torch.float64).reshape(5, 4)
     expected = torch.stack([rows[3], rows[1], (rows[1] + rows[4]) / 2])          # documents [3] and [1, 4]
     torch.testing.assert_close(out, expected)
@@ -66,7 +67,7 @@ def test_x0_lambdas_mix_the_embedding_into_each_block():
         block.lambdas.copy_(torch.tensor([0.5, -2.0]))
     x, x0 = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
     cos, sin = torch.ones(3, 1, dtype=torch.float64), torch.zeros(3, 1, dtype=torch.float64)
-    got = block(x, x0, torch.tensor([0, 3], dtype=torch.int32), cos, sin, 1.0)
+    got = block(x, x0, AttentionContext(PackedDocuments(torch.tensor([0, 3], dtype=torch.int32), 3), cos, sin, 1.0))
     torch.testing.assert_close(got, 0.5 * x - 2.0 * x0)
     assert Block(GPTConfig(n_layer=1, model_dim=4, n_head=2, head_dim=2)).lambdas is None
 
@@ -106,7 +107,9 @@ def test_a_short_run_with_every_technique_switched_on_learns(tmp_path):
     model = {**QUICK["model"], "rope": "half_truncated", "attention_scale": 0.1, "yarn": True,
              "window_pattern": "SL", "window_block_size": 16, "logit_softcap": 23.0,
              "softcap_kind": "shifted_sigmoid", "x0_lambdas": True, "value_embed_layers": [1], "smear": True,
-             "tie_embed_head": True}
+             "tie_embed_head": True, "bigram_vocab_size": 1000, "bigram_sign_trick": True,
+             "skip_connections": "gated", "skip_from": 0, "skip_to": 1, "attention_gate_layers": [0, 1],
+             "paired_head_layers": [0]}
     cfg = TrainConfig.from_dict({**QUICK, "model": model, "normuon_beta2": 0.9, "cautious_weight_decay": True,
                                  "weight_decay": 0.5, "window_schedule": [[1, 2], [2, 4]],
                                  "final_window_long_blocks": 8, "untie_step": 4})

@@ -201,7 +201,14 @@ def test_record_switches_are_the_gpt124m_defaults_and_off_in_tiny():
     assert (wide.window_pattern, wide.window_block_size) == ("SSSLSSSSSSSL", 128)
     assert (wide.window_short_blocks, wide.window_long_blocks) == (1, 3)
     assert (wide.logit_softcap, wide.softcap_kind) == (23.0, "shifted_sigmoid")
+    assert (wide.bigram_vocab_size, wide.bigram_sign_trick) == (377280, True)
+    assert (wide.skip_connections, wide.skip_from, wide.skip_to) == ("gated", 3, 6)
+    assert wide.attention_gate_layers == tuple(range(12)) and wide.paired_head_layers == (0, 2, 5, 10)
+    assert (wide.fp8_attention, wide.fp8_head, wide.attention_backend) == (True, True, "flex")
     assert (tiny.rope, tiny.attention_scale, tiny.yarn, tiny.window_pattern) == ("full", None, False, "")
+    assert (tiny.bigram_vocab_size, tiny.skip_connections, tiny.attention_gate_layers, tiny.paired_head_layers,
+            tiny.attention_free_layers, tiny.value_embed_tables, tiny.fp8_attention, tiny.fp8_head) == (
+        0, "none", (), (), (), 0, False, False)
     with pytest.raises(SpeedrunError, match="yarn"):
         build_model_config("tiny", {"yarn": True})
     with pytest.raises(SpeedrunError, match="rope must be one of"):
@@ -286,17 +293,24 @@ def test_shifted_sigmoid_softcap_against_float64_reference(chunk):
 
 
 def _record_model(backend="reference"):
+    """The gpt124m switches on 3 layers (FP8 off: float64 on a CPU)."""
     cfg = build_model_config("gpt124m", {"vocab_size": 320, "n_layer": 3, "model_dim": 32, "n_head": 2,
                                          "head_dim": 16, "window_pattern": "SLS", "window_block_size": 4,
                                          "value_embed_layers": [0, 2], "attention_backend": backend,
-                                         "loss_chunk_tokens": 16})
+                                         "loss_chunk_tokens": 16, "bigram_vocab_size": 97, "skip_from": 0,
+                                         "skip_to": 2, "attention_gate_layers": [0, 1, 2],
+                                         "paired_head_layers": [0, 2], "fp8_attention": False,
+                                         "fp8_head": False})
     torch.manual_seed(0)
     model = GPT(cfg).double()
     with torch.no_grad():                       # move the switches off their identity initialization
         for block in model.blocks:
             block.lambdas.copy_(torch.tensor([0.9, 0.3]))
+            block.attn.gate.weight.normal_()
         model.smear.lambda_.fill_(0.5)
         model.smear.gate.normal_()
+        model.bigram.table.normal_()
+        model.skips.lambda_.fill_(0.4)
     return model
 
 

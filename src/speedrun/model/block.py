@@ -1,81 +1,127 @@
-"""The blocks of the speedrun GPT: document-causal self-attention (RoPE, QK-norm, optional sliding window
-and value embedding) and the pre-norm transformer block (optional x0 injection).
+"""The blocks of the speedrun GPT: document-causal self-attention (RoPE, QK-norm, optional sliding window,
+value embedding, output gate, paired heads, FP8 projections) and the pre-norm transformer block (optional
+x0 injection and bigram injection; optionally without attention).
 
 Sources (speedrun-spec.md 2.2, 2.3, 2.6): QK-norm and zero-init projections record #5; x0 shortcut with
-per-layer lambdas record #9; value embeddings records #14-#17; sliding windows records #13, #20.
+per-layer lambdas record #9; value embeddings records #14-#17; sliding windows records #13, #20; a layer
+without attention record #17 (layer 7 of 12 in record #28); the sparse attention gate record #28;
+paired-head attention record #58; bigram injection records #62, #83; FP8 QKV/O projections the 2026-06-11
+record.
 
-Shape legend: T tokens, D documents, C model_dim, H n_head, Dh head_dim.
+Shape legend: T tokens, C model_dim, H n_head, Dh head_dim, R rotated pairs of RoPE.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from speedrun.model.attention import attention
+from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
+from speedrun.model.fp8 import FP8Linear
+from speedrun.model.gates import AttentionGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
+from speedrun.model.paired import paired_attention
 from speedrun.model.rotary import apply_rotary
 
 
+@dataclass(frozen=True)
+class AttentionContext:
+    """What all attention layers of one forward pass share.
+
+    Fields: ``docs`` the packed documents (one :class:`PackedDocuments` per forward pass); ``cos``, ``sin``
+    (T, R) rotary tables of the document positions; ``scale`` of q·k; ``paired_cos``, ``paired_sin``
+    (2T, R) rotary tables of the doubled sequence (:func:`speedrun.model.paired.paired_positions`), or None
+    when no layer pairs its heads.
+    """
+
+    docs: PackedDocuments
+    cos: torch.Tensor
+    sin: torch.Tensor
+    scale: float
+    paired_cos: torch.Tensor | None = None
+    paired_sin: torch.Tensor | None = None
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head document-causal self-attention: (T, C) -> (T, C).
+    """Multi-head document-causal self-attention of layer ``layer``: (T, C) -> (T, C).
 
     q, k, v = x Wqᵀ, x Wkᵀ, x Wvᵀ as (T, H, Dh); q and k RMS-normalized over Dh (QK-norm, record #5) and
     rotated (RoPE, ``config.rope``); the scale and the sliding window come with each call (the model's
-    schedule state); output projection Wo zero-initialized. Attention runs in the dtype of the projections
-    (bf16 under autocast, so that flash kernels apply).
+    schedule state); output projection Wo zero-initialized. The projections are :class:`FP8Linear`, FP8 in
+    the training forward with ``config.fp8_attention``. In ``config.paired_head_layers`` the heads attend in
+    pairs (:func:`speedrun.model.paired.paired_attention`); in ``config.attention_gate_layers`` each head's
+    output is multiplied by its gate (:class:`speedrun.model.gates.AttentionGate`, parameter ``gate``)
+    before Wo. Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels
+    apply).
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.backend, self.rope = config.attention_backend, config.rope
-        self.q = nn.Linear(config.model_dim, config.attn_dim, bias=False)
-        self.k = nn.Linear(config.model_dim, config.attn_dim, bias=False)
-        self.v = nn.Linear(config.model_dim, config.attn_dim, bias=False)
-        self.o = nn.Linear(config.attn_dim, config.model_dim, bias=False)
+        self.paired = layer in config.paired_head_layers
+        fp8 = config.fp8_attention
+        self.q = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
+        self.k = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
+        self.v = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
+        self.o = FP8Linear(config.attn_dim, config.model_dim, fp8=fp8)
         for linear in (self.q, self.k, self.v):
             init_input_(linear.weight)
         init_output_(self.o.weight)
+        self.gate = AttentionGate(config.n_head) if layer in config.attention_gate_layers else None
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                scale: float, window: int | None = None, value_embed: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """x: (T, C); cu_seqlens: (D+1,) int32; cos, sin: (T, R) rotary tables; scale of q·k; window in
-        tokens or None; value_embed: None or (T, H*Dh) added to v (records #14-#17). Returns (T, C)."""
+    def forward(self, x: torch.Tensor, context: AttentionContext, window: int | None = None,
+                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (T, C); context: the shared tables of this forward pass; window in tokens (in positions of the
+        doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) added to v (records
+        #14-#17). Returns (T, C)."""
         shape = (x.size(0), self.n_head, self.head_dim)
         v = self.v(x)
         if value_embed is not None:
             v = v + value_embed.type_as(v)
         v = v.view(shape)                                                                # (T, H, Dh)
-        q = apply_rotary(rms_norm(self.q(x).view(shape)), cos, sin, self.rope).type_as(v)  # (T, H, Dh)
-        k = apply_rotary(rms_norm(self.k(x).view(shape)), cos, sin, self.rope).type_as(v)  # (T, H, Dh)
-        y = attention(q, k, v, cu_seqlens, scale, window, backend=self.backend)            # in v's dtype
+        q, k = rms_norm(self.q(x).view(shape)), rms_norm(self.k(x).view(shape))        # (T, H, Dh)
+        if self.paired:
+            y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
+                                 window, rope=self.rope, backend=self.backend)
+        else:
+            q = apply_rotary(q, context.cos, context.sin, self.rope).type_as(v)
+            k = apply_rotary(k, context.cos, context.sin, self.rope).type_as(v)
+            y = attention(q, k, v, context.docs, context.scale, window, backend=self.backend)  # v's dtype
+        if self.gate is not None:
+            y = y * self.gate(x).type_as(y)
         return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x += attn(norm(x)); x += mlp(norm(x))``. (T, C) -> (T, C).
+    """Pre-norm transformer block ``layer``: ``x += attn(norm(x)); x += mlp(norm(x))``. (T, C) -> (T, C).
 
     With ``config.x0_lambdas`` (record #9, the x0 shortcut), the block first mixes in the normalized input
     embedding x0: ``x = lambdas[0]·x + lambdas[1]·x0``, ``lambdas`` (2,) fp32 learned per layer from (1, 0).
+    A layer in ``config.attention_free_layers`` has no attention (``attn`` None; record #17). A bigram
+    injection (records #62, #83) is added after the attention sublayer.
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
-        self.attn = CausalSelfAttention(config)
+        self.attn = None if layer in config.attention_free_layers else CausalSelfAttention(config, layer)
         self.mlp = MLP(config)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_lambdas else None
 
-    def forward(self, x: torch.Tensor, x0: torch.Tensor, cu_seqlens: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, scale: float, window: int | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
-        """x, x0: (T, C); the rest as for :class:`CausalSelfAttention`. Returns (T, C)."""
+    def forward(self, x: torch.Tensor, x0: torch.Tensor, context: AttentionContext, window: int | None = None,
+                value_embed: torch.Tensor | None = None, bigram: torch.Tensor | None = None) -> torch.Tensor:
+        """x, x0: (T, C); bigram: None or (T, C), already gated; the rest as for
+        :class:`CausalSelfAttention`. Returns (T, C)."""
         if self.lambdas is not None:
             lambdas = self.lambdas.type_as(x)
             x = lambdas[0] * x + lambdas[1] * x0
-        x = x + self.attn(rms_norm(x), cu_seqlens, cos, sin, scale, window, value_embed)
+        if self.attn is not None:
+            x = x + self.attn(rms_norm(x), context, window, value_embed)
+        if bigram is not None:
+            x = x + bigram.type_as(x)
         return x + self.mlp(rms_norm(x))

@@ -5,7 +5,10 @@ blocks of attention (RoPE, QK-norm) and a ReLU² MLP, RMS norms without gain, an
 optional logit softcap. Each later technique is a switch whose default is off (the ``tiny`` preset) and
 whose ``gpt124m`` value is the record's: sliding windows in 128-token blocks, long or short per layer
 (records #13, #20), half-truncated RoPE (#17), attention scale 0.1 with YaRN on window growth (#31), the
-shifted-sigmoid softcap (#54). Modes are ``Literal`` types.
+shifted-sigmoid softcap (#54), the bigram hash embedding with the sign trick (#62, #83), the gated 3->6 skip
+(#45, #55), the attention output gate (#28), paired-head attention (#58), FP8 head (#19) and QKV/O
+projections (2026-06-11). The ``record28`` preset is the 2025-08-23 SparseAttnGate record. Modes are
+``Literal`` types.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from speedrun.errors import SpeedrunError
 from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
-AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex"]
+AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen"]
 CrossEntropyImpl = Literal["full", "chunked"]
 SoftcapKind = Literal["tanh", "shifted_sigmoid"]
+SkipMode = Literal["none", "unet", "gated"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
+SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
+GATE_CHANNELS = 12
 GPT2_VOCAB = 50257
 
 
@@ -57,16 +63,39 @@ class GPTConfig:
             λ from (1, 0) (record #9).
         value_embed_layers: layers whose attention values get a token-indexed value embedding added
             (records #14-#17; HEAD: layers 1, 2, 8, 9, 10 of 11).
+        value_embed_tables: 0 for one table per value-embedding layer, or k >= 1 tables shared in turn: the
+            j-th layer of ``value_embed_layers`` reads table j mod k (record #28: 3 tables on layers 0, 1, 2
+            and again 9, 10, 11, the "012 ... 012" layout).
         smear: one-token look-back on the embeddings, x[t] += λ·σ(w·x[t,:12])·x[t-1] (record #34).
         tie_embed_head: the embedding reads the head's weight until the training untie step (records #8,
             #51, #53).
+        bigram_vocab_size: 0 (off) or V_b >= 2 rows of the bigram hash embedding (records #62, #68, #71;
+            HEAD 50304*15//2 = 377,280), see :mod:`speedrun.model.bigram`.
+        bigram_sign_trick: multiply each bigram row by a fixed random ±1 row (record #83); ignored when
+            bigram_vocab_size is 0 (as skip_from/skip_to are unless skip_connections is gated).
+        skip_connections: ``"none"``, ``"unet"`` (record #11: the first n_layer//2 layers' outputs enter the
+            mirrored layers of the second half with learned weights from 1) or ``"gated"`` (records #45, #55:
+            one skip from the output of layer ``skip_from`` into the input of layer ``skip_to``, weighted
+            sigmoid(λ), λ from -1.5); see :mod:`speedrun.model.skips`.
+        skip_from, skip_to: the layers of the gated skip (HEAD: 3 and 6), 0 <= skip_from < skip_to < n_layer.
+        attention_gate_layers: layers whose attention output is gated per head by sigmoid(W_g x[:12]),
+            W_g (n_head, 12) from zero (record #28, "sparse attention gate"); model_dim >= 12.
+        paired_head_layers: layers with paired-head attention (record #58; HEAD 0, 2, 5, 9 of 11); needs an
+            even n_head. Their window keeps its value in positions of the doubled sequence, so it spans half
+            as many tokens. See :mod:`speedrun.model.paired`.
+        attention_free_layers: layers without attention, MLP only (record #17 onward: layer 7 of 12 in
+            record #28; layer 6 of 11 in HEAD). Such a layer takes no value embedding, gate or pairing.
+        fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
+            :mod:`speedrun.model.fp8`).
+        fp8_head: the training forward of the LM head in FP8 (record #19).
         attention_backend: see :mod:`speedrun.model.attention`.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk (see :mod:`speedrun.model.loss`).
         loss_chunk_tokens: tokens per chunk of the chunked cross-entropy (64 keeps a chunk's (64, 50304)
             fp32 logits in a CPU's cache).
 
-    Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode.
+    Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode,
+    a layer index out of range, or switches that do not fit together (e.g. paired heads with an odd n_head).
     """
 
     vocab_size: int = 50304
@@ -87,8 +116,19 @@ class GPTConfig:
     softcap_kind: SoftcapKind = "tanh"
     x0_lambdas: bool = False
     value_embed_layers: tuple[int, ...] = ()
+    value_embed_tables: int = 0
     smear: bool = False
     tie_embed_head: bool = False
+    bigram_vocab_size: int = 0
+    bigram_sign_trick: bool = False
+    skip_connections: SkipMode = "none"
+    skip_from: int = 3
+    skip_to: int = 6
+    attention_gate_layers: tuple[int, ...] = ()
+    paired_head_layers: tuple[int, ...] = ()
+    attention_free_layers: tuple[int, ...] = ()
+    fp8_attention: bool = False
+    fp8_head: bool = False
     attention_backend: AttentionBackend = "sdpa_docs"
     cross_entropy: CrossEntropyImpl = "chunked"
     loss_chunk_tokens: int = 64
@@ -110,24 +150,62 @@ class GPTConfig:
         _check_mode("cross_entropy", self.cross_entropy, CROSS_ENTROPY_IMPLS)
         _check_mode("rope", self.rope, ROPE_MODES)
         _check_mode("softcap_kind", self.softcap_kind, SOFTCAP_KINDS)
-        self._check_windows_and_rope()
-        self._check_embeddings()
-
-    def _check_embeddings(self) -> None:
-        for name in ("x0_lambdas", "smear", "tie_embed_head"):
+        _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
+        for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        layers = self.value_embed_layers
+        for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers"):
+            self._check_layers(name)
+        self._check_windows_and_rope()
+        self._check_embeddings()
+        self._check_attention_layers()
+        self._check_skips()
+
+    def _check_layers(self, name: str) -> None:
+        """A per-layer switch: increasing layer indices in 0..n_layer-1 (a list from YAML becomes a tuple)."""
+        layers = getattr(self, name)
         if isinstance(layers, list):
             layers = tuple(layers)
-            object.__setattr__(self, "value_embed_layers", layers)
+            object.__setattr__(self, name, layers)
         if not isinstance(layers, tuple) or any(
                 not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n_layer for i in layers
         ) or list(layers) != sorted(set(layers)):
-            raise SpeedrunError(f"model.value_embed_layers must be increasing layer indices in "
-                                f"0..{self.n_layer - 1}, got {self.value_embed_layers!r}")
-        if self.smear and self.model_dim < 12:
-            raise SpeedrunError(f"model.smear reads 12 channels; model_dim is {self.model_dim}")
+            raise SpeedrunError(f"model.{name} must be increasing layer indices in 0..{self.n_layer - 1}, "
+                                f"got {getattr(self, name)!r}")
+
+    def _check_embeddings(self) -> None:
+        tables = self.value_embed_tables
+        if not _is_int(tables) or not 0 <= tables <= len(self.value_embed_layers):
+            raise SpeedrunError(f"model.value_embed_tables must be an integer in 0..{len(self.value_embed_layers)}"
+                                f" (the number of value_embed_layers), got {tables!r}")
+        if self.smear and self.model_dim < GATE_CHANNELS:
+            raise SpeedrunError(f"model.smear reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
+        if not _is_int(self.bigram_vocab_size) or self.bigram_vocab_size < 0 or self.bigram_vocab_size == 1:
+            raise SpeedrunError(f"model.bigram_vocab_size must be 0 (off) or an integer >= 2, got "
+                                f"{self.bigram_vocab_size!r}")
+
+    def _check_attention_layers(self) -> None:
+        free = set(self.attention_free_layers)
+        for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers"):
+            clash = sorted(free & set(getattr(self, name)))
+            if clash:
+                raise SpeedrunError(f"model.{name} names layer {clash[0]}, which attention_free_layers leaves "
+                                    "without attention")
+        if self.paired_head_layers and self.n_head % 2:
+            raise SpeedrunError(f"model.paired_head_layers pair the heads: n_head must be even, got {self.n_head}")
+        if self.attention_gate_layers and self.model_dim < GATE_CHANNELS:
+            raise SpeedrunError(f"model.attention_gate_layers read {GATE_CHANNELS} channels; model_dim is "
+                                f"{self.model_dim}")
+
+    def _check_skips(self) -> None:
+        if self.skip_connections == "unet" and self.n_layer < 2:
+            raise SpeedrunError("model.skip_connections unet needs n_layer >= 2")
+        if self.skip_connections != "gated":
+            return
+        if not (_is_int(self.skip_from) and _is_int(self.skip_to)
+                and 0 <= self.skip_from < self.skip_to < self.n_layer):
+            raise SpeedrunError(f"model.skip_from and model.skip_to must satisfy 0 <= skip_from < skip_to < "
+                                f"n_layer = {self.n_layer}, got {self.skip_from!r} -> {self.skip_to!r}")
 
     def _check_windows_and_rope(self) -> None:
         if self.rope == "half_truncated" and self.head_dim % 4:
@@ -160,6 +238,10 @@ class GPTConfig:
         return self.mlp_ratio * self.model_dim
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_mode(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise SpeedrunError(f"model.{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -171,17 +253,40 @@ PRESETS: dict[str, GPTConfig] = {
     # gives about 2,200 and width 128 about 1,850.
     "tiny": GPTConfig(n_layer=4, model_dim=64, n_head=2, head_dim=32, mlp_ratio=4),
     # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; loss chunks of 8192 tokens
-    # suit a GPU (few, large kernels). Record switches: long windows on layer 3 and the last (HEAD's
-    # 11-layer pattern, layers 3 and 10, carried to 12 layers), short elsewhere, 1/3 blocks at the start
-    # (#13, #20, #31); half-truncated RoPE (#17); attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54);
-    # x0 lambdas (#9); value embeddings on layers 1, 2 and the last three (HEAD's 1, 2, 8, 9, 10 of 11);
-    # smear (#34); tied embedding and head (#51, untied by the training untie_step, #53).
+    # suit a GPU (few, large kernels). HEAD's 11-layer indices are carried to 12 layers by keeping layers
+    # 0-6 and moving 7-10 to 8-11. Record switches: long windows on layer 3 and the last (HEAD 3 and 10),
+    # short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17); attention scale
+    # 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9); value embeddings on layers 1, 2 and the
+    # last three (HEAD 1, 2, 8, 9, 10); smear (#34); tied embedding and head (#51, untied by the training
+    # untie_step, #53); bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated
+    # skip 3 -> 6 (#45, #55); the attention output gate on every layer (#28; the pre-MUDD records gate all
+    # attention layers, HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 10 (HEAD
+    # 0, 2, 5, 9; #58); FP8 head (#19) and QKV/O (2026-06-11). FlexAttention (the CPU tests override it).
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                          rope="half_truncated", attention_scale=0.1, yarn=True,
                          window_pattern="SSSLSSSSSSSL", window_short_blocks=1, window_long_blocks=3,
                          logit_softcap=23.0, softcap_kind="shifted_sigmoid", x0_lambdas=True,
                          value_embed_layers=(1, 2, 9, 10, 11), smear=True, tie_embed_head=True,
-                         loss_chunk_tokens=8192),
+                         bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
+                         skip_connections="gated", skip_from=3, skip_to=6,
+                         attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
+                         fp8_attention=True, fp8_head=True, attention_backend="flex", loss_chunk_tokens=8192),
+    # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
+    # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
+    # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
+    # its schedule); attention scale 0.12 (#20); half-truncated RoPE (#17); three value-embedding tables
+    # on layers 0, 1, 2 and again 9, 10, 11 (#14-#17); x0 lambdas (#9); U-net skips (#11); the sparse
+    # attention gate on every attention layer (#28); FP8 head (#19); untied embedding and head. Its softcap
+    # 30·σ(z/7.5) equals 15·tanh(z/15) + 15, and a constant added to every logit leaves the softmax and
+    # the loss unchanged: hence tanh with cap 15.
+    "record28": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+                          rope="half_truncated", attention_scale=0.12,
+                          window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=1,
+                          logit_softcap=15.0, softcap_kind="tanh", x0_lambdas=True,
+                          value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
+                          skip_connections="unet", attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
+                          attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
+                          loss_chunk_tokens=8192),
 }
 
 

@@ -1,5 +1,5 @@
 """Input-side techniques of the speedrun GPT: value embeddings (records #14-#17, #63, #65, #70) and smear
-(record #34); speedrun-spec.md 2.2.
+(record #34); speedrun-spec.md 2.2. The bigram hash embedding is :mod:`speedrun.model.bigram`.
 
 Shape legend: T tokens, C model_dim, A attn_dim = n_head * head_dim, V vocab_size.
 """
@@ -14,22 +14,29 @@ VALUE_EMBED_STD = 0.01
 
 
 class ValueEmbeddings(nn.Module):
-    """One table (V, A) per chosen layer, looked up by input token and added to that layer's attention
-    values: ``v += table[layer][token]`` (speedrun-spec.md 2.2 step 3; tables initialized N(0, 0.01²)).
+    """Token-indexed tables (V, A) added to chosen layers' attention values: ``v += table[token]``
+    (speedrun-spec.md 2.2 step 3; tables initialized N(0, 0.01²)).
 
-    ``layers``: the layer indices that get a table, in increasing order.
+    ``layers``: the layer indices that get a value embedding, in increasing order. ``tables``: 0 for one
+    table per layer, or k >= 1 tables shared in turn, the j-th listed layer reading table j mod k (record
+    #28: 3 tables over layers 0, 1, 2, 9, 10, 11, "012 ... 012").
     """
 
-    def __init__(self, vocab_size: int, attn_dim: int, layers: tuple[int, ...]):
+    def __init__(self, vocab_size: int, attn_dim: int, layers: tuple[int, ...], tables: int = 0):
         super().__init__()
-        self.slot = {layer: i for i, layer in enumerate(layers)}
-        self.tables = nn.ModuleList(nn.Embedding(vocab_size, attn_dim) for _ in layers)
+        count = tables or len(layers)
+        if not 1 <= count <= len(layers):
+            raise ValueError(f"{tables} value-embedding tables for {len(layers)} layers")
+        self.slot = {layer: j % count for j, layer in enumerate(layers)}
+        self.tables = nn.ModuleList(nn.Embedding(vocab_size, attn_dim) for _ in range(count))
         for table in self.tables:
             nn.init.normal_(table.weight, mean=0.0, std=VALUE_EMBED_STD)
 
     def per_layer(self, inputs: torch.Tensor, n_layer: int) -> list[torch.Tensor | None]:
-        """For each of ``n_layer`` layers, its (T, A) value embedding of ``inputs`` (T,) int, or None."""
-        return [self.tables[self.slot[i]](inputs) if i in self.slot else None for i in range(n_layer)]
+        """For each of ``n_layer`` layers, its (T, A) value embedding of ``inputs`` (T,) int, or None. A
+        shared table is looked up once."""
+        looked_up = [table(inputs) for table in self.tables]
+        return [looked_up[self.slot[i]] if i in self.slot else None for i in range(n_layer)]
 
 
 class Smear(nn.Module):

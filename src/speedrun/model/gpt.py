@@ -1,6 +1,6 @@
-"""The speedrun GPT: embedding (optionally tied to the head, with smear and value embeddings), pre-norm
-blocks (RoPE + QK-norm attention, ReLU² MLP, optional x0 injection), final norm, LM head, mean next-token
-cross-entropy.
+"""The speedrun GPT: embedding (optionally tied to the head, with smear, value embeddings and a bigram hash
+embedding), pre-norm blocks (RoPE + QK-norm attention, ReLU² MLP, optional x0 injection), optional long skips
+between blocks, final norm, LM head, mean next-token cross-entropy.
 
 Sources (speedrun-spec.md 2.2-2.6): rotary embeddings record #2; ReLU², QK-norm, zero-init projections and
 the padded 50304 vocabulary record #5; RMS norm without gain throughout; the normalized embedding at the
@@ -8,7 +8,9 @@ input; tied embedding and head records #8, #51, untied at a step record #53; x0 
 softcap record #9 (softcap 15 #18); document masking over one packed sequence record #12; sliding windows in
 128-token blocks, long or short per layer, records #13 and #20; value embeddings records #14-#17;
 half-truncated RoPE record #17; attention scale 0.1 and YaRN on window growth record #31; smear record #34;
-shifted-sigmoid softcap record #54.
+shifted-sigmoid softcap record #54; U-net skips record #11, the gated skip records #45, #55; sparse attention
+gate record #28; paired-head attention record #58; bigram hash embedding records #62, #83; FP8 head record
+#19, FP8 QKV/O the 2026-06-11 record.
 
 Shape legend: T tokens of one packed sequence (B = 1), D documents, C model_dim, H n_head,
 Dh head_dim, V vocab_size.
@@ -22,14 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model.block import Block
+from speedrun.model.attention import PackedDocuments
+from speedrun.model.bigram import BigramEmbedding
+from speedrun.model.block import AttentionContext, Block
 from speedrun.model.config import GPTConfig
 from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.init import init_output_
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.norm import rms_norm
 from speedrun.model.packing import document_positions
+from speedrun.model.paired import paired_positions
 from speedrun.model.rotary import rotary_frequencies, rotary_tables, yarn_attention_scale, yarn_frequencies
+from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.windows import layer_windows, window_tokens
 
 ParamKind = Literal["embed", "head", "matrix", "scalar"]
@@ -41,7 +47,9 @@ class GPT(nn.Module):
 
     Parameters: ``embed`` (V, C) ~ N(0, 1); ``blocks``; ``lm_head`` (V, C) zero-initialized (so the loss at
     initialization is exactly ln V); with ``config.value_embed_layers``, ``value_embeds``; with
-    ``config.smear``, ``smear``. :meth:`parameter_kinds` labels each parameter for the optimizers.
+    ``config.smear``, ``smear``; with ``config.bigram_vocab_size``, ``bigram``
+    (:class:`speedrun.model.bigram.BigramEmbedding`); with ``config.skip_connections``, ``skips``
+    (:mod:`speedrun.model.skips`). :meth:`parameter_kinds` labels each parameter for the optimizers.
 
     Tied (``config.tie_embed_head``, records #8, #51): the embedding lookup reads ``lm_head.weight``, which
     starts N(0, 0.005²) (speedrun-spec.md 2.5) and gets both gradients; ``embed.weight`` holds a copy and
@@ -56,7 +64,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.model_dim)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.lm_head = nn.Linear(config.model_dim, config.vocab_size, bias=False)
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)
         init_output_(self.lm_head.weight)
@@ -66,9 +74,17 @@ class GPT(nn.Module):
                 nn.init.normal_(self.lm_head.weight, mean=0.0, std=TIED_HEAD_STD)
                 self.embed.weight.copy_(self.lm_head.weight)
         if config.value_embed_layers:
-            self.value_embeds = ValueEmbeddings(config.vocab_size, config.attn_dim, config.value_embed_layers)
+            self.value_embeds = ValueEmbeddings(config.vocab_size, config.attn_dim, config.value_embed_layers,
+                                                config.value_embed_tables)
         if config.smear:
             self.smear = Smear(config.model_dim)
+        if config.bigram_vocab_size:
+            self.bigram = BigramEmbedding(config.bigram_vocab_size, config.model_dim, config.n_layer,
+                                          config.bigram_sign_trick)
+        if config.skip_connections == "unet":
+            self.skips = UNetSkips(config.n_layer)
+        elif config.skip_connections == "gated":
+            self.skips = GatedSkip(config.skip_from, config.skip_to)
         self.register_buffer("rotary_frequencies", rotary_frequencies(config.head_dim, config.rope_base,
                                                                       mode=config.rope), persistent=False)
         self.attention_scale = config.attention_scale or config.head_dim ** -0.5
@@ -102,47 +118,80 @@ class GPT(nn.Module):
         cfg = self.config
         return layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
 
-    def hidden_states(self, inputs: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, inputs: torch.Tensor, cu_seqlens: torch.Tensor,
+                      max_seqlen: int | None = None) -> torch.Tensor:
         """The final normalized hidden states (T, C) of ``inputs`` (T,) int32 token ids, documents given by
-        ``cu_seqlens`` (D+1,) int32 (0, document starts, T)."""
-        positions = document_positions(cu_seqlens, inputs.size(0))                   # (T,)
-        cos, sin = rotary_tables(positions, self.rotary_frequencies)                  # (T, R) each
+        ``cu_seqlens`` (S,) int32 (0, document starts, T, possibly T repeated as padding); ``max_seqlen``:
+        a bound on a document's length in tokens, or None (see :class:`PackedDocuments`)."""
+        cfg = self.config
+        context = self.attention_context(PackedDocuments(cu_seqlens, inputs.size(0), max_seqlen))
         x = F.embedding(inputs, self.lm_head.weight if self.tied else self.embed.weight)  # (T, C)
-        if self.config.smear:
+        if cfg.smear:
             x = self.smear(x)
-        x = x0 = rms_norm(x)
-        n_layer = self.config.n_layer
-        value_embeds = (self.value_embeds.per_layer(inputs, n_layer) if self.config.value_embed_layers
-                        else [None] * n_layer)
-        for block, window, ve in zip(self.blocks, self.layer_windows(), value_embeds):
-            x = block(x, x0, cu_seqlens, cos, sin, self.attention_scale, window, ve)
-        return rms_norm(x)
+        x0 = rms_norm(x)
+        none = [None] * cfg.n_layer
+        value_embeds = self.value_embeds.per_layer(inputs, cfg.n_layer) if cfg.value_embed_layers else none
+        bigrams = self.bigram.per_layer(inputs) if cfg.bigram_vocab_size else none
+        return rms_norm(self._run_blocks(x0, context, value_embeds, bigrams))
 
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    def _run_blocks(self, x0: torch.Tensor, context: AttentionContext, value_embeds: list[torch.Tensor | None],
+                    bigrams: list[torch.Tensor | None]) -> torch.Tensor:
+        """The residual stream (T, C) after the last block, from x0 (T, C) and the per-layer value
+        embeddings and gated bigram injections; layer 0's bigram enters before the first block, the long
+        skips (``skips``) between blocks."""
+        x = x0 if bigrams[0] is None else x0 + bigrams[0].type_as(x0)
+        skips = self.skips if self.config.skip_connections != "none" else None
+        outputs: dict[int, torch.Tensor] = {}
+        layers = zip(self.blocks, self.layer_windows(), value_embeds, [None] + bigrams[1:])
+        for i, (block, window, ve, bigram) in enumerate(layers):
+            if skips is not None:
+                x = skips(i, x, outputs)
+            x = block(x, x0, context, window, ve, bigram)
+            if skips is not None and skips.keeps(i):
+                outputs[i] = x
+        return x
+
+    def attention_context(self, docs: PackedDocuments) -> AttentionContext:
+        """The rotary tables of the documents' positions (and of the doubled sequence when a layer pairs its
+        heads) and the current attention scale, for every layer of one forward pass."""
+        positions = document_positions(docs.cu_seqlens, docs.num_tokens)                # (T,)
+        cos, sin = rotary_tables(positions, self.rotary_frequencies)                       # (T, R) each
+        paired_cos = paired_sin = None
+        if self.config.paired_head_layers:
+            paired_cos, paired_sin = rotary_tables(paired_positions(positions), self.rotary_frequencies)
+        return AttentionContext(docs, cos, sin, self.attention_scale, paired_cos, paired_sin)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, cu_seqlens: torch.Tensor,
+                max_seqlen: int | None = None) -> torch.Tensor:
         """Mean cross-entropy (fp32 scalar, nats/token) of predicting ``targets`` (T,) int64 from ``inputs``
-        (T,) int32 with documents ``cu_seqlens`` (D+1,) int32. The head's matrix products run in the
-        autocast dtype when autocast is on."""
-        x = self.hidden_states(inputs, cu_seqlens)                                    # (T, C)
+        (T,) int32 with documents ``cu_seqlens`` (S,) int32 (see :meth:`hidden_states`). The head's matrix
+        products run in the autocast dtype when autocast is on; the logits' product in FP8 in training with
+        ``config.fp8_head`` (record #19)."""
+        x = self.hidden_states(inputs, cu_seqlens, max_seqlen)                        # (T, C)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         cfg = self.config
         return linear_cross_entropy(x, self.lm_head.weight, targets, softcap=cfg.logit_softcap,
                                     softcap_kind=cfg.softcap_kind, impl=cfg.cross_entropy,
-                                    chunk_tokens=cfg.loss_chunk_tokens, compute_dtype=dtype)
+                                    chunk_tokens=cfg.loss_chunk_tokens, compute_dtype=dtype,
+                                    fp8=self.training and cfg.fp8_head)
 
     def parameter_kinds(self) -> dict[str, ParamKind]:
-        """Parameter name -> kind: ``embed`` (token and value embeddings), ``head``, ``matrix`` (2-D weights
-        inside blocks, for Muon) or ``scalar`` (lower-dimensional parameters inside blocks, and smear's)."""
+        """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the
+        2-D projection weights inside blocks, for Muon) or ``scalar`` (everything else: lower-dimensional
+        parameters inside blocks, the attention gates' (H, 12) weights, smear, the bigram gates and the skip
+        weights). Raises ``ValueError`` for a parameter it does not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
-            if name.startswith(("embed.", "value_embeds.")):
+            if name.startswith(("embed.", "value_embeds.", "bigram.table")):
                 kinds[name] = "embed"
-            elif name.startswith("smear."):
+            elif name.startswith(("smear.", "bigram.gates", "skips.")):
                 kinds[name] = "scalar"
             elif name.startswith("lm_head."):
                 kinds[name] = "head"
             elif name.startswith("blocks."):
-                kinds[name] = "matrix" if param.ndim == 2 else "scalar"
+                matrix = param.ndim == 2 and ".attn.gate." not in name
+                kinds[name] = "matrix" if matrix else "scalar"
             else:
                 raise ValueError(f"parameter {name!r} has no optimizer kind")
         return kinds

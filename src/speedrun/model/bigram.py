@@ -1,0 +1,97 @@
+"""Bigram hash embedding with the sign trick (records #62, #68, #71, #83; speedrun-spec.md 2.2 step 2).
+
+Each position t of the packed sequence gets a row of a (V_b, C) table indexed by a hash of the bigram
+(x[t-1], x[t]): ``((36313·x[t]) XOR (27191·x[t-1])) mod (V_b - 1)`` in int32 arithmetic, with the reserved
+row V_b - 1 at position 0 (:func:`bigram_hash`; the record's ``get_bigram_hash``, computed there on the CPU
+with torch int32 tensors). The hash crosses document boundaries by design: a document's first token hashes
+with the last token of the previous document ("masking this ran slower and showed no improvement").
+
+Sign trick (record #83, modded-nanogpt PR 299): bigrams that collide on one row are told apart by a fixed
+random ±1 row (8192, C) picked by ``(x[t-1] XOR x[t]) mod 8192`` (row 0 at t = 0): the looked-up row is
+multiplied by it element-wise (:func:`sign_rows`, :func:`sign_table`). The table here is drawn from a
+fixed seed, so that every rank and every run hold the same one (the record broadcasts rank 0's).
+
+The result enters the residual stream with a learned per-layer gate from 0.05 (records #62, #83):
+``x = x0 + g_0·bigram`` at the start, and ``x += g_i·bigram`` after the attention sublayer of each layer
+i >= 1 (:class:`BigramEmbedding`). The record's table is zero-initialized, so a fresh model ignores it.
+
+Shape legend: T tokens, C model_dim, V_b bigram_vocab_size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+HASH_CURRENT = 36313
+HASH_PREVIOUS = 27191
+SIGN_TABLE_ROWS = 8192
+SIGN_TABLE_SEED = 83
+BIGRAM_GATE_INIT = 0.05
+_INT32_SPAN = 2 ** 32
+_INT32_MIN = -(2 ** 31)
+
+
+def _wrap_int32(values: torch.Tensor) -> torch.Tensor:
+    """int64 values reduced to the int32 they wrap to in two's complement (what an int32 product gives)."""
+    return (values - _INT32_MIN) % _INT32_SPAN + _INT32_MIN
+
+
+def bigram_hash(inputs: torch.Tensor, bigram_vocab_size: int) -> torch.Tensor:
+    """(T,) int64 bigram ids in 0..V_b-1 of the token ids ``inputs`` (T,) (any integer dtype, >= 0).
+
+    Position 0: V_b - 1. Position t >= 1: ``((36313·x[t]) XOR (27191·x[t-1])) mod (V_b - 1)``, the products
+    wrapped to int32 as the record's int32 tensors do (no wrap for ids below 2^31/36313 = 59,138, so never
+    for the GPT-2 vocabulary) and ``mod`` the floored one (non-negative). Computed on ``inputs``' device.
+    """
+    if bigram_vocab_size < 2:
+        raise ValueError(f"bigram_vocab_size must be >= 2, got {bigram_vocab_size}")
+    x = inputs.to(torch.int64)
+    mod = bigram_vocab_size - 1
+    mixed = torch.bitwise_xor(_wrap_int32(HASH_CURRENT * x[1:]), _wrap_int32(HASH_PREVIOUS * x[:-1]))
+    return torch.cat((x.new_full((1,), mod), mixed % mod))
+
+
+def sign_rows(inputs: torch.Tensor, rows: int = SIGN_TABLE_ROWS) -> torch.Tensor:
+    """(T,) int64 row of the sign table per position: ``(x[t-1] XOR x[t]) mod rows``, 0 at t = 0."""
+    x = inputs.to(torch.int64)
+    return torch.cat((x.new_zeros(1), torch.bitwise_xor(x[:-1], x[1:]) % rows))
+
+
+def sign_table(rows: int, dim: int, seed: int = SIGN_TABLE_SEED) -> torch.Tensor:
+    """(rows, dim) float32 of independent fair ±1 draws from a CPU generator seeded with ``seed``: the same
+    table on every machine and every run."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    bits = torch.randint(0, 2, (rows, dim), generator=generator, device="cpu")
+    return (2 * bits - 1).to(torch.float32)
+
+
+class BigramEmbedding(nn.Module):
+    """The bigram hash embedding and its per-layer gates. ``forward(inputs)`` (T,) int -> (T, C).
+
+    Parameters: ``table`` (V_b, C) zero-initialized (an ``embed``-kind Adam parameter, spec 3.3); ``gates``
+    (n_layer,) from 0.05 (``scalar`` kind). Buffer (not a parameter): ``signs`` (8192, C) ±1 with
+    ``sign_trick``, built from :data:`SIGN_TABLE_SEED` and not saved in checkpoints.
+    """
+
+    def __init__(self, bigram_vocab_size: int, model_dim: int, n_layer: int, sign_trick: bool):
+        super().__init__()
+        self.bigram_vocab_size = bigram_vocab_size
+        self.table = nn.Parameter(torch.zeros(bigram_vocab_size, model_dim))
+        self.gates = nn.Parameter(torch.full((n_layer,), BIGRAM_GATE_INIT))
+        self.sign_trick = sign_trick
+        if sign_trick:
+            self.register_buffer("signs", sign_table(SIGN_TABLE_ROWS, model_dim), persistent=False)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(bigram_hash(inputs, self.bigram_vocab_size), self.table)       # (T, C)
+        if self.sign_trick:
+            rows = rows * self.signs[sign_rows(inputs, self.signs.size(0))].type_as(rows)
+        return rows
+
+    def per_layer(self, inputs: torch.Tensor) -> list[torch.Tensor]:
+        """For each layer i, ``gates[i] · forward(inputs)`` (T, C): layer 0's is added to the residual stream
+        at the start, layer i >= 1's after that layer's attention sublayer."""
+        bigram = self(inputs)
+        return [gate * bigram for gate in self.gates.type_as(bigram).unbind(0)]

@@ -1,0 +1,110 @@
+"""The bigram hash embedding with the sign trick (records #62, #83): ids and sign rows by hand, int32
+wrap-around against numpy int32 arithmetic (the record's), the fixed sign table, and where the gated
+bigram enters the residual stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speedrun.errors import SpeedrunError
+from speedrun.model.attention import PackedDocuments
+from speedrun.model.bigram import BigramEmbedding, bigram_hash, sign_rows, sign_table
+from speedrun.model.config import build_model_config
+from speedrun.model.gpt import GPT
+from speedrun.model.norm import rms_norm
+
+TOKENS = [50256, 10, 50303, 0, 7]
+HEAD_VB = 50304 * 15 // 2
+
+
+def test_bigram_ids_by_hand():
+    # position 0: the reserved id V_b - 1 = 377279; then ((36313·x[t]) XOR (27191·x[t-1])) mod 377279:
+    # t=1: 363130 XOR 1366510896 = 1366738762 -> 234224; t=2: 1826652839 XOR 271910 = 1826923649 -> 138731;
+    # t=3: 0 XOR 1367788873 -> 152498; t=4: 254191 XOR 0 -> 254191 (below the modulus).
+    assert HEAD_VB == 377280
+    assert (36313 * 10) ^ (27191 * 50256) == 1366738762 and 1366738762 % 377279 == 234224
+    got = bigram_hash(torch.tensor(TOKENS, dtype=torch.int32), HEAD_VB)
+    assert got.tolist() == [377279, 234224, 138731, 152498, 254191]
+    assert bigram_hash(torch.tensor([3, 3]), 2).tolist() == [1, 0]                # mod 1: everything is 0
+
+
+def test_bigram_ids_wrap_like_int32_products():
+    """Ids above 2^31/36313 = 59138 overflow int32: numpy int32 arrays wrap in two's complement, as the
+    record's int32 tensors do, and numpy's % is floored like torch's."""
+    tokens = np.array([65535, 60000, 1, 65535, 59139], dtype=np.int32)
+    with np.errstate(over="ignore"):
+        mixed = (np.int32(36313) * tokens[1:]) ^ (np.int32(27191) * tokens[:-1])
+    assert (mixed < 0).any()                                                     # the wrap happens
+    expected = [999] + (mixed % np.int32(999)).tolist()
+    assert bigram_hash(torch.from_numpy(tokens), 1000).tolist() == expected
+
+
+def test_sign_rows_by_hand_and_the_sign_table_is_fixed():
+    assert sign_rows(torch.tensor(TOKENS)).tolist() == [0, (50256 ^ 10) % 8192, (10 ^ 50303) % 8192,
+                                                         50303 % 8192, 7]
+    assert sign_rows(torch.tensor(TOKENS)).tolist() == [0, 1114, 1141, 1151, 7]
+    table = sign_table(8192, 64)
+    assert table.shape == (8192, 64) and table.dtype == torch.float32
+    assert set(table.unique().tolist()) == {-1.0, 1.0}
+    assert abs(table.mean().item()) < 0.01                                      # fair: sd 1/sqrt(524288)
+    torch.testing.assert_close(sign_table(8192, 64), table, rtol=0, atol=0)    # same on every call
+    assert not torch.equal(sign_table(8192, 64, seed=1), table)
+
+
+def test_bigram_embedding_is_the_signed_table_row():
+    torch.manual_seed(0)
+    emb = BigramEmbedding(11, 6, n_layer=3, sign_trick=True).double()
+    with torch.no_grad():
+        emb.table.normal_()
+    tokens = torch.tensor([4, 9, 9, 2], dtype=torch.int32)
+    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([4, 9, 9], [9, 9, 2])]
+    rows = [0] + [a ^ b for a, b in zip([4, 9, 9], [9, 9, 2])]
+    expected = emb.table[ids] * sign_table(8192, 6).double()[rows]
+    torch.testing.assert_close(emb(tokens), expected, rtol=0, atol=0)
+    plain = BigramEmbedding(11, 6, n_layer=3, sign_trick=False).double()
+    with torch.no_grad():
+        plain.table.copy_(emb.table)
+    torch.testing.assert_close(plain(tokens), emb.table[ids], rtol=0, atol=0)
+    assert emb.gates.tolist() == pytest.approx([0.05] * 3)
+    assert BigramEmbedding(11, 6, 3, True).table.abs().sum() == 0                # zero-initialized
+    assert "signs" not in emb.state_dict() and "signs" in dict(emb.named_buffers())
+
+
+def test_the_gated_bigram_enters_at_the_start_and_after_each_attention_sublayer():
+    cfg = build_model_config("tiny", {"vocab_size": 64, "n_layer": 2, "model_dim": 16, "n_head": 2,
+                                      "head_dim": 8, "bigram_vocab_size": 37, "bigram_sign_trick": True,
+                                      "attention_backend": "reference"})
+    torch.manual_seed(0)
+    model = GPT(cfg).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("bigram.table") or name.endswith(("o.weight", "proj.weight")):
+                p.normal_(0, 0.3)
+        model.bigram.gates.copy_(torch.tensor([0.7, -1.3], dtype=torch.float64))
+    tokens = torch.tensor([5, 1, 60, 60, 3, 0, 9], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    ids = [36] + [((36313 * b) ^ (27191 * a)) % 36 for a, b in zip(tokens[:-1].tolist(), tokens[1:].tolist())]
+    rows = [0] + [a ^ b for a, b in zip(tokens[:-1].tolist(), tokens[1:].tolist())]
+    bigram = model.bigram.table[ids] * sign_table(8192, 16).double()[rows]
+    context = model.attention_context(PackedDocuments(cu, 7))
+    x0 = rms_norm(model.embed.weight[tokens.long()])
+    b0, b1 = model.blocks
+    x = x0 + 0.7 * bigram
+    x = x + b0.attn(rms_norm(x), context)
+    x = x + b0.mlp(rms_norm(x))
+    x = x + b1.attn(rms_norm(x), context) - 1.3 * bigram
+    x = x + b1.mlp(rms_norm(x))
+    torch.testing.assert_close(model.hidden_states(tokens, cu), rms_norm(x), rtol=1e-12, atol=1e-12)
+    kinds = model.parameter_kinds()
+    assert kinds["bigram.table"] == "embed" and kinds["bigram.gates"] == "scalar"
+
+
+def test_bigram_settings_are_checked():
+    with pytest.raises(SpeedrunError, match="bigram_vocab_size"):
+        build_model_config("tiny", {"bigram_vocab_size": 1})
+    with pytest.raises(SpeedrunError, match="bigram_sign_trick must be true or false"):
+        build_model_config("tiny", {"bigram_sign_trick": "yes"})
+    with pytest.raises(ValueError, match=">= 2"):
+        bigram_hash(torch.tensor([1, 2]), 1)
