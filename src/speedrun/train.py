@@ -64,7 +64,11 @@ class TrainConfig:
     (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
     ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85),
     ``orthogonalizer``, ``normuon_beta2`` (null: plain Muon; records #41-#48 use NorMuon with 0.9);
-    ``weight_decay`` for both, decoupled or, with ``cautious_weight_decay``, cautious (records #43, #50).
+    ``weight_decay`` (Muon's; the record 1.2) and ``adam_weight_decay`` (Adam's; the record 0.005), decoupled
+    or, with ``cautious_weight_decay``, cautious (records #43, #50); ``langevin_noise``: the initial scale of
+    NorMuon's annealed Langevin noise (2026-06-11 record; 0: off, :mod:`speedrun.optim.langevin`), seeded by
+    the run's seed; ``shard_muon``: on several ranks, each rank updates a slice of every bank of matrices
+    (reduce-scatter, update, all-gather; speedrun-spec.md 3.4).
     LR schedule: constant, then linear over the last ``cooldown_frac`` of the steps down to ``lr_floor``
     times the base. Attention windows (:func:`speedrun.optim.schedules.window_blocks`, records #13, #31,
     #33): ``window_schedule``, a list of ``[short, long]`` windows in blocks, one per equal stage of the
@@ -103,6 +107,9 @@ class TrainConfig:
     muon_momentum: float = 0.95
     momentum_warmup_steps: int = 300
     weight_decay: float = 0.0
+    adam_weight_decay: float = 0.0
+    langevin_noise: float = 0.0
+    shard_muon: bool = True
     cooldown_frac: float = 0.4
     lr_floor: float = 0.0
     orthogonalizer: str = "polar_express"
@@ -119,7 +126,8 @@ class TrainConfig:
             _check_int(name, getattr(self, name), 1)
         _check_int("val_every", self.val_every, 0)
         _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
-        for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay"):
+        for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
+                     "langevin_noise"):
             _check_number(name, getattr(self, name), 0.0, math.inf)
         for name in ("cooldown_frac", "lr_floor"):
             _check_number(name, getattr(self, name), 0.0, 1.0)
@@ -128,7 +136,7 @@ class TrainConfig:
             raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
         for beta in self.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
-        for name in ("compile", "cautious_weight_decay"):
+        for name in ("compile", "cautious_weight_decay", "shard_muon"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
         if self.normuon_beta2 is not None:
@@ -229,8 +237,10 @@ class TrainConfig:
     def optim_config(self) -> OptimConfig:
         return OptimConfig(embed_lr=self.embed_lr, head_lr=self.head_lr, scalar_lr=self.scalar_lr,
                            adam_betas=self.adam_betas, muon_lr=self.muon_lr, muon_momentum=self.muon_momentum,
-                           weight_decay=self.weight_decay, orthogonalizer=self.orthogonalizer,
-                           normuon_beta2=self.normuon_beta2, cautious_weight_decay=self.cautious_weight_decay)
+                           weight_decay=self.weight_decay, adam_weight_decay=self.adam_weight_decay,
+                           orthogonalizer=self.orthogonalizer, normuon_beta2=self.normuon_beta2,
+                           cautious_weight_decay=self.cautious_weight_decay, langevin_noise=self.langevin_noise,
+                           shard_muon=self.shard_muon)
 
     def schedule_config(self) -> ScheduleConfig:
         return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,
@@ -447,10 +457,12 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
 
 
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[MicroBatch],
-               device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int) -> float:
+               device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
+               self_reduced: frozenset[int] = frozenset()) -> float:
     """Forward and backward over this rank's ``micro_batches`` (gradients accumulate, each loss divided by
-    their number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks.
-    Returns the step's mean train loss."""
+    their number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks,
+    except the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters
+    those itself). Returns the step's mean train loss."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for mb in micro_batches:
         inputs, targets, cu_seqlens = to_torch(mb, device)
@@ -459,7 +471,7 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
         (loss / len(micro_batches)).backward()
         total += loss.detach().float()
     mean = (total / len(micro_batches)).reshape(1)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in model.parameters() if p.grad is not None and id(p) not in self_reduced]
     _all_reduce_mean(grads + [mean], world_size)
     return float(mean.item())
 
@@ -507,8 +519,8 @@ class _Run:
         if launch.world_size > 1:
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
-        self.optimizers: Optimizers = build_optimizers(self.model, self.model.parameter_kinds(),
-                                                       config.optim_config())
+        self.optimizers: Optimizers = build_optimizers(
+            self.model, self.model.parameter_kinds(), dataclasses.replace(config.optim_config(), langevin_seed=seed))
         self.forward = self._compiled() if config.compile else self.model
         self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
                                          config.batch_at(0)[1])
@@ -563,7 +575,7 @@ class _Run:
             self.batches.set_batch(tokens // cfg.micro_batches, max_seq_len)
         mine = self.batches.next_step(cfg.micro_batches, self.launch.rank, self.launch.world_size)
         loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
-                          max_seq_len)
+                          max_seq_len, self.optimizers.self_reduced_parameters())
         if math.isfinite(loss):
             self.optimizers.step()
         self.optimizers.zero_grad()

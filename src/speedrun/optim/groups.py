@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from speedrun.optim.adam import build_adamw
+from speedrun.optim.langevin import langevin_sigma
 from speedrun.optim.muon import Muon
 from speedrun.optim.orthogonalize import Orthogonalizer
 from speedrun.optim.schedules import lr_factor, muon_momentum
@@ -28,9 +29,17 @@ MUON_KINDS = ("matrix",)
 class OptimConfig:
     """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`).
 
+    ``weight_decay``: Muon's weight decay (speedrun-spec.md 3.2: 1.2); ``adam_weight_decay``: Adam's
+    (speedrun-spec.md 3.3: 0.005), separate since both are tuned apart.
     ``normuon_beta2``: None for plain Muon, else NorMuon's variance normalization (records #41-#48: 0.9).
     ``cautious_weight_decay``: cautious decay in Muon (record #43) and Adam (record #50) instead of
-    decoupled decay."""
+    decoupled decay.
+    ``langevin_noise``: σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; see
+    :mod:`speedrun.optim.langevin`), drawn from ``langevin_seed`` (give each seed of a multi-seed run its
+    own).
+    ``shard_muon``: shard Muon's update over the ranks when torch.distributed runs with world size > 1
+    (speedrun-spec.md 3.4); Muon then averages its gradients itself
+    (:meth:`Optimizers.self_reduced_parameters`)."""
 
     embed_lr: float = 0.6
     head_lr: float = 0.008
@@ -40,9 +49,13 @@ class OptimConfig:
     muon_lr: float = 0.05
     muon_momentum: float = 0.95
     weight_decay: float = 0.0
+    adam_weight_decay: float = 0.0
     orthogonalizer: Orthogonalizer = "polar_express"
     normuon_beta2: float | None = None
     cautious_weight_decay: bool = False
+    langevin_noise: float = 0.0
+    langevin_seed: int = 0
+    shard_muon: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,8 @@ class Optimizers:
             yield from opt.param_groups
 
     def apply_schedule(self, step: int, schedule: ScheduleConfig) -> None:
-        """Set ``lr = initial_lr * lr_factor(step)`` in every group and the Muon momentum of ``step``."""
+        """Set ``lr = initial_lr * lr_factor(step)`` in every group, and the Muon momentum and Langevin
+        noise σ_t (:func:`speedrun.optim.langevin.langevin_sigma`) of ``step`` in Muon's groups."""
         factor = lr_factor(step, schedule.steps, schedule.cooldown_frac, schedule.lr_floor)
         momentum = muon_momentum(step, schedule.momentum_warmup_steps, schedule.momentum_start,
                                  schedule.momentum_end)
@@ -77,6 +91,15 @@ class Optimizers:
             group["lr"] = group["initial_lr"] * factor
             if group["kind"] in MUON_KINDS:
                 group["momentum"] = momentum
+                group["langevin_sigma"] = langevin_sigma(step, schedule.steps, schedule.cooldown_frac,
+                                                         group["langevin_noise"])
+
+    def self_reduced_parameters(self) -> frozenset[int]:
+        """The ids of the parameters whose gradients the optimizers average over ranks themselves (Muon's,
+        when sharded): the training loop must leave them out of its own gradient all-reduce. Empty when
+        nothing is sharded (single process, or ``shard_muon`` off)."""
+        return frozenset(id(p) for opt in self.optimizers if isinstance(opt, Muon)
+                         for p in opt.self_reduced_parameters())
 
     def copy_state(self, source: torch.Tensor, target: torch.Tensor) -> None:
         """Give ``target`` a copy of the optimizer state of ``source`` (e.g. Adam's moments when the
@@ -115,7 +138,8 @@ def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, li
 
 
 def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
-    """AdamW over the ``embed``/``head``/``scalar`` parameters and Muon over the ``matrix`` ones.
+    """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
+    ``weight_decay``) over the ``matrix`` ones.
 
     ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``). Empty groups are left out.
     Raises ``ValueError`` when a parameter has no kind, or lands in no optimizer or in two.
@@ -130,14 +154,16 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     device = next(model.parameters()).device
     optimizers: list[torch.optim.Optimizer] = []
     if adam_groups:
-        optimizers.append(build_adamw(adam_groups, config.adam_betas, config.adam_eps, config.weight_decay,
+        optimizers.append(build_adamw(adam_groups, config.adam_betas, config.adam_eps, config.adam_weight_decay,
                                       fused=device.type == "cuda",
                                       cautious_weight_decay=config.cautious_weight_decay))
     if muon_groups:
         optimizers.append(Muon(muon_groups, lr=config.muon_lr, momentum=config.muon_momentum,
                                weight_decay=config.weight_decay, orthogonalizer=config.orthogonalizer,
                                normuon_beta2=config.normuon_beta2,
-                               cautious_weight_decay=config.cautious_weight_decay))
+                               cautious_weight_decay=config.cautious_weight_decay,
+                               langevin_noise=config.langevin_noise, langevin_seed=config.langevin_seed,
+                               shard=config.shard_muon))
     seen = [id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]]
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     if sorted(seen) != sorted(trainable):

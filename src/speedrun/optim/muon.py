@@ -1,20 +1,24 @@
 """Muon: momentum orthogonalized by a Newton–Schulz-type iteration (Keller Jordan 2024, "Muon: An optimizer
 for hidden layers in neural networks"; records #3 and #4 of the public speedrun, Polar Express record #38),
-optionally with NorMuon's variance normalization (records #41, #42, #48) and cautious weight decay (#43).
+optionally with NorMuon's variance normalization (records #41, #42, #48), cautious weight decay (#43) and
+annealed Langevin noise (record 2026-06-11, :mod:`speedrun.optim.langevin`).
 
 For each 2-D parameter W (rows, cols) with gradient G, at momentum β, learning rate η, lr multiplier
-μ = max(1, rows/cols)^0.5 and weight decay λ:
+μ = max(1, rows/cols)^0.5, weight decay λ and noise scale σ_t:
 
     buf <- β·buf + (1-β)·G                       (momentum as an EMA)
     u   <- (1-β)·G + β·buf   (Nesterov)  or  buf
     u   <- orthogonalize(u)
     u   <- normalize(u)      (NorMuon, with beta2; see :func:`variance_normalize`)
+    u   <- u + σ_t·rms(u)·ξ  (Langevin noise, when σ_t > 0)
     W   <- W·(1 - η·λ) - η·μ·u                   (decoupled decay, the default)
     W   <- W - η·λ·η·μ·W·[u·W >= 0] - η·μ·u       (cautious decay, record #43: ∝ η², and only where
                                                   the update also shrinks W)
 
 The EMA form and the shape multiplier follow speedrun-spec.md 3.2 (the record: lr 0.023, beta2 0.9,
-weight decay 1.2, cautious).
+weight decay 1.2, cautious). The helpers below take one matrix (rows, cols) or a stack (..., rows, cols):
+:class:`Muon` updates its parameters bank by bank (:mod:`speedrun.optim.banks`), sharded over ranks when
+torch.distributed runs with world size > 1 (:mod:`speedrun.optim.sharding`).
 """
 
 from __future__ import annotations
@@ -23,23 +27,26 @@ from typing import Any, Iterable
 
 import torch
 
-from speedrun.optim.base import PerParameterOptimizer
+from speedrun.optim.banks import Bank, BankState, bind_bank_state, make_banks, stack_padded, write_back
+from speedrun.optim.langevin import add_langevin_noise, matrix_seed, standard_normal
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS, Orthogonalizer, orthogonalize
+from speedrun.optim.sharding import Communicator, Pending, distributed_world, shard_bounds
 
 NORMUON_EPS = 1e-10
 
 
 def muon_lr_multiplier(shape: torch.Size | tuple[int, ...]) -> float:
-    """``max(1, rows/cols) ** 0.5`` for a (rows, cols) matrix: 1 for square and wide matrices, 2 for a
+    """``max(1, rows/cols) ** 0.5`` for a (..., rows, cols) matrix: 1 for square and wide matrices, 2 for a
     (4C, C) MLP input matrix."""
-    rows, cols = shape
+    rows, cols = shape[-2:]
     return max(1.0, rows / cols) ** 0.5
 
 
 def nesterov_momentum(grad: torch.Tensor, buf: torch.Tensor, momentum: float, nesterov: bool = True
                       ) -> torch.Tensor:
     """Update ``buf`` in place to ``momentum·buf + (1-momentum)·grad``; return the update direction:
-    ``(1-momentum)·grad + momentum·buf`` with Nesterov, else ``buf`` itself (a new tensor either way)."""
+    ``(1-momentum)·grad + momentum·buf`` with Nesterov, else ``buf`` itself (a new tensor either way).
+    Elementwise: any shape, e.g. a bank (N, rows, cols)."""
     buf.lerp_(grad, 1.0 - momentum)
     return grad.lerp(buf, momentum) if nesterov else buf.clone()
 
@@ -47,25 +54,33 @@ def nesterov_momentum(grad: torch.Tensor, buf: torch.Tensor, momentum: float, ne
 def second_moment_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     """Shape of NorMuon's reduced second-moment buffer for a (rows, cols) update: (rows, 1) when
     rows >= cols (one value per row of the longer side), else (1, cols)."""
-    rows, cols = shape
+    rows, cols = shape[-2:]
     return (rows, 1) if rows >= cols else (1, cols)
 
 
 def variance_normalize(update: torch.Tensor, second_moment: torch.Tensor, beta2: float,
                        eps: float = NORMUON_EPS) -> torch.Tensor:
     """NorMuon's normalization (records #41, #42, #48; speedrun-spec.md 3.2) of an orthogonalized update
-    (rows, cols) fp32.
+    (..., rows, cols), fp32 or fp64.
 
     The mean of squares along the longer side (per row if rows >= cols, else per column) is averaged into
-    ``second_moment`` (shape :func:`second_moment_shape`, updated in place: ``m <- beta2·m + (1-beta2)·v``);
-    each row (column) is divided by ``sqrt(m + eps)``, and the result is rescaled to the Frobenius norm of
-    ``update``. Returns a new tensor; a zero update stays zero.
+    ``second_moment`` ((..., rows, 1) or (..., 1, cols), :func:`second_moment_shape`; updated in place:
+    ``m <- beta2·m + (1-beta2)·v``); each row (column) is divided by ``sqrt(m + eps)``, and each matrix is
+    rescaled to its Frobenius norm before the normalization. Returns a new tensor; a zero update stays zero.
     """
-    reduce_dim = 1 if second_moment.size(1) == 1 else 0
+    reduce_dim = -1 if update.size(-2) >= update.size(-1) else -2
     second_moment.lerp_(update.square().mean(dim=reduce_dim, keepdim=True), 1.0 - beta2)
     normalized = update * torch.rsqrt(second_moment + eps)
-    scale = torch.linalg.matrix_norm(update) / torch.linalg.matrix_norm(normalized).clamp_min(1e-30)
+    scale = (torch.linalg.matrix_norm(update, keepdim=True)
+             / torch.linalg.matrix_norm(normalized, keepdim=True).clamp_min(1e-30))
     return normalized * scale
+
+
+def working_dtype(param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of Muon's gradients, state and update for parameters of ``param_dtype``: float32, or
+    float64 for float64 parameters (exact tests on CPU). The orthogonalization itself runs in bf16 on CUDA
+    (:func:`speedrun.optim.orthogonalize.orthogonalize`)."""
+    return torch.promote_types(param_dtype, torch.float32)
 
 
 def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -74,8 +89,28 @@ def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return (update * param) >= 0
 
 
-class Muon(PerParameterOptimizer):
-    """Muon over 2-D parameters (``torch.optim.Optimizer`` interface).
+def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
+                 cautious: bool) -> None:
+    """In place on ``param`` (..., rows, cols), any float dtype, with the ``update`` of its shape in the
+    working dtype (:func:`working_dtype`):
+    weight decay (cautious, record #43, or decoupled) and the step ``-lr·μ·update``, μ from
+    :func:`muon_lr_multiplier`."""
+    lr_eff = lr * muon_lr_multiplier(param.shape)
+    if weight_decay and cautious:
+        mask = cautious_mask(update, param.to(update.dtype))
+        param.sub_((param * mask).mul_(lr * weight_decay * lr_eff))
+    elif weight_decay:
+        param.mul_(1.0 - lr * weight_decay)
+    param.add_(update.to(param.dtype), alpha=-lr_eff)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon over 2-D parameters (``torch.optim.Optimizer`` interface), updated in banks of equal-shape
+    matrices (records #48, #56, #61) and, with torch.distributed initialized at world size W > 1 and
+    ``shard``, sharded over the ranks (speedrun-spec.md 3.4): each rank reduce-scatters the banks'
+    gradients itself (averaging them), updates its 1/W of every bank and all-gathers the results. The
+    caller must then not need to average these gradients (:meth:`self_reduced_parameters`; averaging them
+    again first does no harm but costs the traffic). Every rank must hold gradients for the same parameters.
 
     Args:
         params: parameters or parameter groups; every parameter must be 2-D.
@@ -88,48 +123,130 @@ class Muon(PerParameterOptimizer):
             (record: 0.9).
         cautious_weight_decay: decay ∝ η² only where update and weight agree in sign (record #43); else
             decoupled decay W·(1 - η·λ).
+        langevin_noise: σ >= 0 of the Langevin noise (:mod:`speedrun.optim.langevin`); 0 is off. The
+            current σ_t is ``group["langevin_sigma"]`` (set by the schedule; σ until then).
+        langevin_seed: the run's noise seed (:func:`speedrun.optim.langevin.matrix_seed`).
+        shard: shard the update when torch.distributed runs with world size > 1 (else every rank updates
+            every matrix from gradients it must have averaged).
+        process_group: the group to shard over (None: the default group).
 
-    Raises ``ValueError`` on a parameter that is not 2-D or an invalid hyperparameter.
+    State per parameter (in :func:`working_dtype`, views into the bank buffers): ``momentum_buffer`` (rows,
+    cols) and, with NorMuon, ``second_moment``; sharded, only for the parameters of this rank's slices.
+    Each group counts its updates in ``group["update_count"]`` (the noise seeds use it). Raises
+    ``ValueError`` on a parameter that is not 2-D or an invalid hyperparameter.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.05, momentum: float = 0.95,
                  nesterov: bool = True, weight_decay: float = 0.0,
                  orthogonalizer: Orthogonalizer = "polar_express", normuon_beta2: float | None = None,
-                 cautious_weight_decay: bool = False):
-        if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0:
-            raise ValueError(f"Muon needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0; got lr={lr}, "
-                             f"momentum={momentum}, weight_decay={weight_decay}")
+                 cautious_weight_decay: bool = False, langevin_noise: float = 0.0, langevin_seed: int = 0,
+                 shard: bool = True, process_group: object | None = None):
+        if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or langevin_noise < 0:
+            raise ValueError(f"Muon needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0, langevin_noise >= 0; "
+                             f"got lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
+                             f"langevin_noise={langevin_noise}")
         if normuon_beta2 is not None and not 0.0 <= normuon_beta2 < 1.0:
             raise ValueError(f"normuon_beta2 must be None or in [0, 1), got {normuon_beta2}")
         if orthogonalizer not in ORTHOGONALIZERS:
             raise ValueError(f"unknown orthogonalizer {orthogonalizer!r}; expected {ORTHOGONALIZERS}")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         orthogonalizer=orthogonalizer, normuon_beta2=normuon_beta2,
-                        cautious_weight_decay=cautious_weight_decay)
+                        cautious_weight_decay=cautious_weight_decay, langevin_noise=langevin_noise,
+                        langevin_sigma=langevin_noise, langevin_seed=langevin_seed, update_count=0)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape "
                                      f"{tuple(p.shape)}")
+        self.shard, self.process_group = shard, process_group
+        self._communicator: Communicator | None = None
+        self._bank_states: dict[tuple, BankState] = {}
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
-        grad = p.grad.float()
-        direction = nesterov_momentum(grad, state["momentum_buffer"], group["momentum"], group["nesterov"])
-        update = orthogonalize(direction, group["orthogonalizer"]).float()
+    def communicator(self) -> Communicator | None:
+        """The collectives of a sharded update, or None when the update is not sharded (``shard`` off,
+        torch.distributed not initialized, or world size 1)."""
+        if not self.shard or distributed_world(self.process_group)[1] < 2:
+            return None
+        if self._communicator is None:
+            self._communicator = Communicator(self.process_group)
+        return self._communicator
+
+    def self_reduced_parameters(self) -> list[torch.Tensor]:
+        """The parameters whose gradients this optimizer averages over ranks itself in :meth:`step` (all of
+        them when sharded, none otherwise): the caller leaves them out of its own gradient all-reduce."""
+        if self.communicator() is None:
+            return []
+        return [p for group in self.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter that has a gradient, bank by bank. Sharded: every bank's
+        reduce-scatter is launched first, then each bank is updated and its all-gather launched in turn,
+        and the gathered values are written back last. Returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        banks = make_banks(self.param_groups)
+        comm = self.communicator()
+        rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+        gradients = [self._reduce(bank, comm, world, rank) for bank in banks]
+        gathers = []
+        for bank, gradient in zip(banks, gradients):
+            updated = self._update_bank(bank, gradient.wait(), world, rank)
+            gathers.append(comm.all_gather(updated) if comm is not None else Pending(None, updated))
+        for bank, gather in zip(banks, gathers):
+            write_back(bank.params, gather.wait())
+        for index in sorted({bank.group_index for bank in banks}):
+            self.param_groups[index]["update_count"] = self.param_groups[index].get("update_count", 0) + 1
+        return loss
+
+    def _reduce(self, bank: Bank, comm: Communicator | None, world: int, rank: int) -> Pending:
+        """The bank's gradients in the working dtype, stacked and padded; sharded: the launched
+        reduce-scatter of them."""
+        padded, _, _ = shard_bounds(len(bank.params), world, rank)
+        first = bank.params[0]
+        stacked = stack_padded([p.grad for p in bank.params], padded, bank.shape, working_dtype(first.dtype),
+                               first.device)
+        return comm.reduce_scatter_mean(stacked) if comm is not None else Pending(None, stacked)
+
+    def _update_bank(self, bank: Bank, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
+        """The new values (k, rows, cols), in the parameters' dtype, of this rank's slice of ``bank`` given
+        its averaged gradient ``grad`` (k, rows, cols) in the working dtype."""
+        group = self.param_groups[bank.group_index]
+        _, start, slots = shard_bounds(len(bank.params), world, rank)
+        owned = bank.params[start:start + slots]
+        state = self._bank_state(bank, owned, start, slots, group["normuon_beta2"] is not None)
+        first = bank.params[0]
+        params = stack_padded(owned, slots, bank.shape, first.dtype, first.device)
+        direction = nesterov_momentum(grad, state.momentum, group["momentum"], group["nesterov"])
+        update = orthogonalize(direction, group["orthogonalizer"]).to(grad.dtype)
         if group["normuon_beta2"] is not None:
-            if "second_moment" not in state:
-                state["second_moment"] = torch.zeros(second_moment_shape(p.shape), dtype=torch.float32,
-                                                     device=p.device)
-            update = variance_normalize(update, state["second_moment"], group["normuon_beta2"])
-        lr, decay = group["lr"], group["weight_decay"]
-        lr_eff = lr * muon_lr_multiplier(p.shape)
-        if decay and group["cautious_weight_decay"]:
-            mask = cautious_mask(update, p.float())
-            p.sub_((p * mask).mul_(lr * decay * lr_eff))
-        elif decay:
-            p.mul_(1.0 - lr * decay)
-        p.add_(update.to(p.dtype), alpha=-lr_eff)
+            update = variance_normalize(update, state.second_moment, group["normuon_beta2"])
+        if group["langevin_sigma"] > 0:
+            seeds = [matrix_seed(group["langevin_seed"], group.get("update_count", 0), bank.group_index,
+                                 bank.param_indices[start + j]) if start + j < len(bank.params) else None
+                     for j in range(slots)]
+            update = add_langevin_noise(update, group["langevin_sigma"],
+                                        standard_normal(bank.shape, seeds, grad.dtype, first.device))
+        apply_update(params, update, group["lr"], group["weight_decay"], group["cautious_weight_decay"])
+        return params
+
+    def _bank_state(self, bank: Bank, owned: tuple[torch.Tensor, ...], start: int, slots: int,
+                    normuon: bool) -> BankState:
+        """The state buffers of this rank's slice of ``bank``: the cached ones while the owned parameters'
+        state entries are still their views, else fresh ones built from those entries (dropping the cached
+        buffers of any other bank that shares a parameter)."""
+        key = (bank.key, start, slots)
+        cached = self._bank_states.get(key)
+        if cached is None or not cached.is_bound(self.state, owned, normuon):
+            first = bank.params[0]
+            cached = bind_bank_state(self.state, owned, slots, bank.shape,
+                                     second_moment_shape(bank.shape) if normuon else None,
+                                     working_dtype(first.dtype), first.device)
+            members = {id(p) for p in bank.params}
+            self._bank_states = {k: v for k, v in self._bank_states.items()
+                                 if not members & set(k[0][1:])}
+            self._bank_states[key] = cached
+        return cached

@@ -10,7 +10,8 @@ p(s) = a s + b s³ + c s⁵ at each iteration, while the singular vectors stay p
 * Polar Express (Amsel et al. 2025; record #38): 5 iterations with per-iteration coefficients (the table
   below, speedrun-spec.md 3.1), normalizing by ‖G‖_F · 1.02; singular values end near 1.
 
-A tall matrix (rows > cols) is processed as its transpose so that X Xᵀ is the smaller Gram matrix.
+A tall matrix (rows > cols) is processed as its transpose so that X Xᵀ is the smaller Gram matrix. A stack
+of matrices (..., rows, cols) is processed in one batch (the parameter banks of records #48, #56, #61).
 """
 
 from __future__ import annotations
@@ -45,23 +46,30 @@ def orthogonalization_schedule(method: Orthogonalizer) -> tuple[tuple[tuple[floa
 
 def orthogonalize(grad: torch.Tensor, method: Orthogonalizer = "polar_express",
                   dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The approximate polar factor of ``grad`` (rows, cols), same shape, in ``dtype``.
+    """The approximate polar factor of each matrix of ``grad`` (..., rows, cols), same shape, in ``dtype``.
 
-    ``dtype`` is the working precision: default bfloat16 on CUDA (as in the speedrun) and float32
-    elsewhere (CPU bf16 matrix products are not faster at these sizes). A zero matrix maps to zero.
+    Leading dimensions are a batch (a parameter bank, records #48, #56, #61): every (rows, cols) matrix is
+    normalized by its own Frobenius norm and iterated independently, in one batched matrix product per
+    term, so a (N, rows, cols) stack costs the kernel launches of one matrix. ``dtype`` is the working
+    precision: default bfloat16 on CUDA (as in the speedrun), elsewhere ``grad``'s dtype but at least float32
+    (CPU bf16 matrix products are not faster at these sizes; float64 stays float64, for exact tests). A zero
+    matrix maps to zero. Raises ``ValueError`` for fewer
+    than 2 dimensions or an unknown ``method``.
     """
-    if grad.ndim != 2:
-        raise ValueError(f"orthogonalize takes a 2-D matrix, got shape {tuple(grad.shape)}")
+    if grad.ndim < 2:
+        raise ValueError(f"orthogonalize takes a matrix or a stack of matrices, got shape {tuple(grad.shape)}")
     if dtype is None:
-        dtype = torch.bfloat16 if grad.is_cuda else torch.float32
+        dtype = torch.bfloat16 if grad.is_cuda else torch.promote_types(grad.dtype, torch.float32)
     coefficients, factor, eps = orthogonalization_schedule(method)
-    tall = grad.size(0) > grad.size(1)
-    x = grad.mT if tall else grad                                   # (m, n), m <= n
-    norm = torch.linalg.matrix_norm(x.to(torch.promote_types(x.dtype, torch.float32)))
-    x = x / (norm * factor + eps).to(x.dtype)
-    x = x.to(dtype)
+    tall = grad.size(-2) > grad.size(-1)
+    x = grad.mT if tall else grad                                   # (..., m, n), m <= n
+    batch_shape = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])                                # (B, m, n)
+    norm = torch.linalg.matrix_norm(x.to(torch.promote_types(x.dtype, torch.float32)), keepdim=True)
+    x = (x / (norm * factor + eps).to(x.dtype)).to(dtype)
     for a, b, c in coefficients:
-        gram = x @ x.mT                                             # (m, m)
-        poly = b * gram + c * (gram @ gram)
-        x = a * x + poly @ x
+        gram = torch.bmm(x, x.mT)                                   # (B, m, m)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)     # b·A + c·A²
+        x = torch.baddbmm(x, poly, x, beta=a)                       # a·X + (b·A + c·A²)·X
+    x = x.reshape(*batch_shape, *x.shape[-2:])
     return x.mT if tall else x

@@ -1,0 +1,71 @@
+"""Annealed Langevin (SGLD) noise for NorMuon (record 2026-06-11 "RecursiveFromBest": "NorMuon with
+annealed row-RMS-scaled Langevin (SGLD) noise that is zero by the cooldown"; Welling & Teh 2011 for SGLD).
+
+The record gives no formula; ours is:
+
+    u <- u + σ_t · rms(u) · ξ,   ξ ~ N(0, 1) elementwise,
+    σ_t = σ · (1 - t / cooldown_start)  for t < cooldown_start,   0 from cooldown_start on,
+
+applied to the update u after NorMuon's variance normalization (before the learning rate and the shape
+multiplier scale it), with ``cooldown_start = int(steps · (1 - cooldown_frac))`` the step at which the learning
+rate starts to fall (:func:`speedrun.optim.schedules.lr_factor`). ``rms(u)`` is taken along the side that
+NorMuon normalizes: per row when rows >= cols, else per column, so every "row" in NorMuon's sense gets noise
+of its own size. ξ comes from a ``torch.Generator`` per matrix, seeded by :func:`matrix_seed` from the run's
+noise seed, the optimizer step and the parameter's place in its group, so that the draw is the same on every
+rank and does not depend on the world size or on how the matrices are banked or sharded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def langevin_sigma(step: int, steps: int, cooldown_frac: float, scale: float) -> float:
+    """σ_t at ``step`` (0-based) of ``steps``: ``scale`` at step 0, linear down to 0 at
+    ``cooldown_start = int(steps · (1 - cooldown_frac))``, 0 from there on. Raises ``ValueError`` for a
+    negative ``scale``, ``cooldown_frac`` outside [0, 1] or ``step`` outside [0, steps]."""
+    if scale < 0 or not 0.0 <= cooldown_frac <= 1.0:
+        raise ValueError(f"langevin noise needs scale >= 0 and cooldown_frac in [0, 1], got {scale}, "
+                         f"{cooldown_frac}")
+    if not 0 <= step <= steps:
+        raise ValueError(f"step {step} is outside 0..{steps}")
+    cooldown_start = int(steps * (1.0 - cooldown_frac))
+    if step >= cooldown_start:
+        return 0.0
+    return scale * (1.0 - step / cooldown_start)
+
+
+def matrix_seed(noise_seed: int, step: int, group_index: int, param_index: int) -> int:
+    """A 63-bit seed for the noise of parameter ``param_index`` of param group ``group_index`` at optimizer
+    update ``step`` of a run with ``noise_seed``: a hash (BLAKE2b) of the four integers, the same in every
+    process and independent of world size and banking."""
+    digest = hashlib.blake2b(f"{noise_seed}:{step}:{group_index}:{param_index}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def standard_normal(shape: tuple[int, ...], seeds: list[int | None], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:
+    """A (len(seeds), *shape) ``dtype`` tensor whose slice i is N(0, 1) drawn from a generator seeded by
+    ``seeds[i]`` on ``device``, or zeros where ``seeds[i]`` is None (padding slots of a sharded bank). One
+    ``randn`` per matrix."""
+    out = torch.zeros((len(seeds), *shape), dtype=dtype, device=device)
+    for i, seed in enumerate(seeds):
+        if seed is not None:
+            generator = torch.Generator(device=device).manual_seed(seed)
+            torch.randn(shape, generator=generator, dtype=dtype, device=device, out=out[i])
+    return out
+
+
+def row_rms(update: torch.Tensor) -> torch.Tensor:
+    """RMS of ``update`` (..., rows, cols) along NorMuon's side: (..., rows, 1) per row when rows >= cols,
+    else (..., 1, cols) per column."""
+    reduce_dim = -1 if update.size(-2) >= update.size(-1) else -2
+    return update.square().mean(dim=reduce_dim, keepdim=True).sqrt()
+
+
+def add_langevin_noise(update: torch.Tensor, sigma: float, noise: torch.Tensor) -> torch.Tensor:
+    """``update + sigma · row_rms(update) · noise`` for ``update`` and ``noise`` (..., rows, cols) of one
+    float dtype; a new tensor. A zero update (a padding slot) stays zero."""
+    return torch.addcmul(update, row_rms(update), noise, value=sigma)
