@@ -28,6 +28,8 @@ SkipMode = Literal["none", "unet", "gated"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
+MlpKernel = Literal["torch", "triton"]
+MLP_KERNELS: tuple[str, ...] = get_args(MlpKernel)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
 GATE_CHANNELS = 12
@@ -88,6 +90,9 @@ class GPTConfig:
         fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
             :mod:`speedrun.model.fp8`).
         fp8_head: the training forward of the LM head in FP8 (record #19).
+        mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
+            ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
+            16-bit compute dtype only, the torch path elsewhere).
         attention_backend: see :mod:`speedrun.model.attention`.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk (see :mod:`speedrun.model.loss`).
@@ -129,6 +134,7 @@ class GPTConfig:
     attention_free_layers: tuple[int, ...] = ()
     fp8_attention: bool = False
     fp8_head: bool = False
+    mlp_kernel: MlpKernel = "torch"
     attention_backend: AttentionBackend = "sdpa_docs"
     cross_entropy: CrossEntropyImpl = "chunked"
     loss_chunk_tokens: int = 64
@@ -150,6 +156,7 @@ class GPTConfig:
         _check_mode("cross_entropy", self.cross_entropy, CROSS_ENTROPY_IMPLS)
         _check_mode("rope", self.rope, ROPE_MODES)
         _check_mode("softcap_kind", self.softcap_kind, SOFTCAP_KINDS)
+        _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head"):
             if not isinstance(getattr(self, name), bool):

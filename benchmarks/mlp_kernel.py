@@ -1,0 +1,116 @@
+"""Forward and forward+backward time of the ReLU² MLP at the record's shape, fused Triton kernel against torch.
+
+The MLP ``relu(x W1ᵀ)² W2ᵀ`` (speedrun-spec.md 2.4) on x (T, C) bf16, W1 (F, C), W2 (C, F) bf16 (no
+autocast), T = 49152 tokens (one GPU's micro-batch), C = 768, F = 3072. Variants:
+
+  triton            speedrun.kernels.relu_square_mlp (records #59, #87: post = relu(pre)² from the first
+                    product's epilogue, relu(pre) rebuilt from post in the backward), eager;
+  triton+compile    the same under torch.compile(fullgraph=True);
+  torch             the reference ``F.linear(relu(F.linear(x, W1))², W2)``, eager;
+  torch+compile     the reference under torch.compile(fullgraph=True) (Inductor fuses relu² into a
+                    pointwise kernel but stores ``pre`` for the backward).
+
+Each is timed with ``triton.testing.do_bench`` (median of repeated calls after warm-up, L2 flushed between
+calls) for the forward alone and for forward + backward (``torch.autograd.grad`` of x, W1, W2). FLOPs:
+forward 4·T·C·F, backward 8·T·C·F (four products). Also printed: the memory held between forward and
+backward (activations saved for the backward plus the output), and each variant's relative error of the
+output and gradients against torch's float32 result on the same bf16 inputs.
+
+    PYTHONPATH=src python benchmarks/mlp_kernel.py [--tokens 49152] [--dim 768] [--hidden 3072] [--rep-ms 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+MLPFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def torch_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The reference MLP: x (T, C), w1 (F, C), w2 (C, F) -> (T, C)."""
+    return F.linear(torch.relu(F.linear(x, w1)).square(), w2)
+
+
+def variants() -> dict[str, MLPFn]:
+    from speedrun.kernels.relu_square_mlp import relu_square_mlp
+
+    return {"triton": relu_square_mlp,
+            "triton+compile": torch.compile(relu_square_mlp, fullgraph=True),
+            "torch": torch_mlp,
+            "torch+compile": torch.compile(torch_mlp, fullgraph=True)}
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).norm() / ref.norm()).item()
+
+
+def measure(fn: MLPFn, inputs: list[torch.Tensor], g_out: torch.Tensor, rep_ms: int) -> dict[str, float]:
+    """Median ms of forward and of forward+backward, and MiB held from forward to backward."""
+    from triton.testing import do_bench
+
+    def forward():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def forward_backward():
+        torch.autograd.grad(fn(*inputs), inputs, g_out)
+
+    forward_backward()                                          # compile, autotune
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = fn(*inputs)
+    held = torch.cuda.memory_allocated() - before
+    del out
+    return {"fwd_ms": do_bench(forward, rep=rep_ms, return_mode="median"),
+            "fwd_bwd_ms": do_bench(forward_backward, rep=rep_ms, return_mode="median"),
+            "held_mib": held / 2 ** 20}
+
+
+def errors(fn: MLPFn, inputs: list[torch.Tensor], g_out: torch.Tensor) -> dict[str, float]:
+    """Relative error of out, g_x, g_W1, g_W2 against torch in float32 on the same bf16 values."""
+    ref_inputs = [t.detach().float().requires_grad_() for t in inputs]
+    ref_out = torch_mlp(*ref_inputs)
+    refs = [ref_out, *torch.autograd.grad(ref_out, ref_inputs, g_out.float())]
+    out = fn(*inputs)
+    gots = [out, *torch.autograd.grad(out, inputs, g_out)]
+    return {name: relative_error(got, ref) for name, got, ref in zip(("out", "g_x", "g_w1", "g_w2"), gots, refs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=49152)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench's time budget per measurement")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/mlp_kernel.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    T, C, Fh = args.tokens, args.dim, args.hidden
+    g = torch.Generator(device="cuda").manual_seed(0)
+    opts = {"device": "cuda", "generator": g}
+    x = torch.randn(T, C, **opts).bfloat16().requires_grad_()
+    w1 = (torch.randn(Fh, C, **opts) * 0.5 / C ** 0.5).bfloat16().requires_grad_()
+    w2 = (torch.randn(C, Fh, **opts) / Fh ** 0.5).bfloat16().requires_grad_()
+    g_out = torch.randn(T, C, **opts).bfloat16()
+    inputs = [x, w1, w2]
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; T={T} C={C} F={Fh} bf16")
+    print(f"{'variant':<16}{'fwd ms':>9}{'TFLOP/s':>9}{'fwd+bwd ms':>12}{'TFLOP/s':>9}{'held MiB':>10}"
+          f"  relative errors (out, g_x, g_w1, g_w2) vs fp32")
+    flops = 4 * T * C * Fh
+    for name, fn in variants().items():
+        m = measure(fn, inputs, g_out, args.rep_ms)
+        e = errors(fn, inputs, g_out)
+        print(f"{name:<16}{m['fwd_ms']:>9.3f}{flops / m['fwd_ms'] / 1e9:>9.0f}{m['fwd_bwd_ms']:>12.3f}"
+              f"{3 * flops / m['fwd_bwd_ms'] / 1e9:>9.0f}{m['held_mib']:>10.0f}  "
+              + ", ".join(f"{v:.1e}" for v in e.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

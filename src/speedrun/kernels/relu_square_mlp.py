@@ -1,0 +1,240 @@
+"""The fused ReLU² MLP ``out = relu(x W1ᵀ)² W2ᵀ``: two Triton matrix products with fused epilogues.
+
+Source: the public speedrun's fused ReLU² kernel, records #59 and #87 (speedrun-spec.md 2.4); ReLU² itself
+is from So et al. 2021, "Primer" (record #5). The pure-PyTorch reference is :class:`speedrun.model.mlp.MLP`.
+
+Shape legend: T tokens, C model_dim, F hidden width (4·C).
+
+* Forward: ``post = relu(x W1ᵀ)²`` (T, F) in one Triton product whose epilogue rectifies and squares the
+  fp32 accumulator and writes only ``post``: the pre-activation ``pre = x W1ᵀ`` is never stored. Then
+  ``out = post W2ᵀ`` (T, C) with torch.
+* Backward: since ``d relu(p)²/dp = 2·relu(p)`` and ``relu(pre) = sqrt(post)``, ``g_pre = (g_out W2) ·
+  2·sqrt(post)`` (T, F) in one Triton product whose epilogue rebuilds ``relu(pre)`` from the saved ``post``,
+  the only activation kept for the backward pass. Then ``g_W2 = g_outᵀ post``, ``g_W1 = g_preᵀ x`` and
+  ``g_x = g_pre W1`` with torch.
+
+Both Triton products are (T, C) x (C, F) -> (T, F) with fp32 accumulation, tiles of 128-256 x 128-256 x 64
+grouped by 8 tile rows for L2 reuse (Triton's matmul tutorial), a handful of autotune configs for Hopper
+(H200; T=49152, C=768, F=3072). The inputs may have any strides; rows and columns of a partial tile wrap
+around inside the tensor and are never stored, so any T, C and F work.
+
+Precision: inputs and outputs in one 16-bit float dtype (bf16 in training), products accumulated in fp32.
+``post`` is rounded to 16 bits (relative error at most u = 2⁻⁹ in bf16) before its square root, so the
+rebuilt ``relu(pre)`` is off by at most u/2 relative, less than the rounding of ``g_pre`` itself.
+
+Speed (H200, torch 2.11, Triton 3.6, T=49152, C=768, F=3072, bf16; benchmarks/mlp_kernel.py, 2026-11-29):
+forward + backward 2.38 ms compiled (torch.compile of the reference: 2.35 ms) and 2.63 ms eager (reference
+3.07 ms); 360 MiB held from forward to backward against the reference's 648 MiB. Each Triton product runs
+at about 75% of cuBLAS's rate on the same shape (0.47-0.49 ms against 0.36 ms).
+
+torch.compile(fullgraph=True): the two products are operators ``speedrun::relu_square_matmul`` and
+``speedrun::relu_square_grad`` made with ``torch.library.triton_op`` + ``wrap_triton``, so Dynamo and
+Inductor trace into them; the gradient is a ``torch.autograd.Function``, which Dynamo traces too. On a CPU
+the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before this module is
+imported, and one autotune config at a time: the interpreter cannot benchmark), which the tests use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from speedrun.errors import SpeedrunError
+
+# Measured on an H200 at T=49152, C=768, F=3072 (bf16, 2026-11-29; cuBLAS does either product in 0.36 ms):
+# the forward product takes 0.47 ms with 256x128 tiles, 8 warps, 4 stages; the backward 0.49 ms with 128x128
+# tiles, 4 warps, 3 stages; the other two are within 10-20% on one or the other.
+_CONFIGS = [
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+]
+# K is a multiple of every config's BLOCK_K exactly when it is a multiple of this: then no K mask is needed.
+_K_QUANTUM = math.lcm(*(config.kwargs["BLOCK_K"] for config in _CONFIGS))
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program: tiles walked GROUP_M tile rows at a time, column by column, so that
+    concurrently running programs share rows of A and columns of B in L2 (Triton's matmul tutorial)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _matmul_tile(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+                 EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tile (pid_m, pid_n) of A B as fp32 (BLOCK_M, BLOCK_N), A (M, K), B (K, N). Rows and columns past M
+    and N wrap around (valid reads; the caller masks them out of its store); K is masked unless EVEN_K."""
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :] * stride_ak
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols.to(tl.int64)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=ks[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc=acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _tile_offsets(pid_m, pid_n, M, N, stride_m, stride_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets (int64) of tile (pid_m, pid_n) in an (M, N) tensor, and the mask of its valid part."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offsets = rows.to(tl.int64)[:, None] * stride_m + cols.to(tl.int64)[None, :] * stride_n
+    return offsets, (rows[:, None] < M) & (cols[None, :] < N)
+
+
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _relu_square_kernel(x_ptr, w_ptr, post_ptr, M, N, K,
+                        stride_xm, stride_xk, stride_wk, stride_wn, stride_pm, stride_pn,
+                        EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """post = relu(X W)², X (M, K), W (K, N), post (M, N); ``pre`` lives only in registers."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _matmul_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, pid_m, pid_n,
+                       EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    relu = tl.maximum(acc, 0.0)
+    offsets, mask = _tile_offsets(pid_m, pid_n, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+    tl.store(post_ptr + offsets, (relu * relu).to(post_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _relu_square_grad_kernel(g_ptr, w_ptr, post_ptr, g_pre_ptr, M, N, K,
+                             stride_gm, stride_gk, stride_wk, stride_wn, stride_pm, stride_pn,
+                             stride_om, stride_on,
+                             EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """g_pre = (G W) · 2·sqrt(post), G (M, K), W (K, N), post and g_pre (M, N)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _matmul_tile(g_ptr, w_ptr, M, N, K, stride_gm, stride_gk, stride_wk, stride_wn, pid_m, pid_n,
+                       EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    post_offsets, mask = _tile_offsets(pid_m, pid_n, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+    post = tl.load(post_ptr + post_offsets, mask=mask, other=0.0).to(tl.float32)
+    g_pre = acc * (2.0 * tl.sqrt(post))
+    out_offsets, _ = _tile_offsets(pid_m, pid_n, M, N, stride_om, stride_on, BLOCK_M, BLOCK_N)
+    tl.store(g_pre_ptr + out_offsets, g_pre.to(g_pre_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise SpeedrunError(message)
+
+
+def _check_operands(name: str, *tensors: torch.Tensor) -> None:
+    first = tensors[0]
+    _check(all(t.dim() == 2 for t in tensors), f"{name}: operands must be 2-D, got shapes "
+                                                f"{[tuple(t.shape) for t in tensors]}")
+    _check(first.dtype in _DTYPES and all(t.dtype == first.dtype for t in tensors),
+           f"{name}: operands must share one dtype of bfloat16 or float16, got {[t.dtype for t in tensors]}")
+    _check(all(t.device == first.device for t in tensors),
+           f"{name}: operands must be on one device, got {[str(t.device) for t in tensors]}")
+
+
+def _grid(M: int, N: int):
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    return grid
+
+
+@triton_op("speedrun::relu_square_matmul", mutates_args={})
+def relu_square_matmul(x: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
+    """post = relu(x W1ᵀ)²: x (T, C), w1 (F, C), both bf16 (or both fp16) -> post (T, F) in that dtype,
+    accumulated in fp32; the pre-activation is not stored (records #59, #87).
+
+    Raises :class:`SpeedrunError` on shapes that do not chain, mixed or non-16-bit dtypes, mixed devices.
+    """
+    _check_operands("relu_square_matmul", x, w1)
+    _check(x.size(1) == w1.size(1), f"relu_square_matmul: x is {tuple(x.shape)} (T, C) but w1 is "
+                                    f"{tuple(w1.shape)}, expected (F, {x.size(1)})")
+    (M, K), N = x.shape, w1.size(0)
+    post = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if post.numel() == 0:
+        return post
+    wrap_triton(_relu_square_kernel)[_grid(M, N)](
+        x, w1, post, M, N, K, x.stride(0), x.stride(1), w1.stride(1), w1.stride(0),
+        post.stride(0), post.stride(1), EVEN_K=K % _K_QUANTUM == 0)
+    return post
+
+
+@triton_op("speedrun::relu_square_grad", mutates_args={})
+def relu_square_grad(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+    """g_pre = (g_out W2) · 2·sqrt(post): g_out (T, C), w2 (C, F), post = relu(pre)² (T, F), all bf16 (or
+    all fp16) -> g_pre (T, F), the gradient of the MLP's pre-activation, accumulated in fp32 (record #87:
+    relu(pre) rebuilt from post).
+
+    Raises :class:`SpeedrunError` on shapes that do not chain, mixed or non-16-bit dtypes, mixed devices.
+    """
+    _check_operands("relu_square_grad", g_out, w2, post)
+    (M, K), N = g_out.shape, w2.size(1)
+    _check(w2.size(0) == K and tuple(post.shape) == (M, N),
+           f"relu_square_grad: g_out {tuple(g_out.shape)} (T, C), w2 {tuple(w2.shape)} (C, F) and post "
+           f"{tuple(post.shape)} (T, F) do not chain")
+    g_pre = torch.empty((M, N), dtype=g_out.dtype, device=g_out.device)
+    if g_pre.numel() == 0:
+        return g_pre
+    wrap_triton(_relu_square_grad_kernel)[_grid(M, N)](
+        g_out, w2, post, g_pre, M, N, K, g_out.stride(0), g_out.stride(1), w2.stride(0), w2.stride(1),
+        post.stride(0), post.stride(1), g_pre.stride(0), g_pre.stride(1), EVEN_K=K % _K_QUANTUM == 0)
+    return g_pre
+
+
+class _ReluSquareMLP(torch.autograd.Function):
+    """Autograd of ``relu(x W1ᵀ)² W2ᵀ`` for 2-D x, saving only x, the weights and ``post``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        post = relu_square_matmul(x, w1)                     # (T, F)
+        ctx.save_for_backward(x, w1, w2, post)
+        return torch.mm(post, w2.t())                        # (T, C)
+
+    @staticmethod
+    def backward(ctx, g_out: torch.Tensor):
+        x, w1, w2, post = ctx.saved_tensors
+        g_pre = relu_square_grad(g_out, w2, post)            # (T, F)
+        g_x = torch.mm(g_pre, w1) if ctx.needs_input_grad[0] else None          # (T, C)
+        g_w1 = torch.mm(g_pre.t(), x) if ctx.needs_input_grad[1] else None      # (F, C)
+        g_w2 = torch.mm(g_out.t(), post) if ctx.needs_input_grad[2] else None   # (C, F)
+        return g_x, g_w1, g_w2
+
+
+def relu_square_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """``relu(x W1ᵀ)² W2ᵀ`` with the fused Triton forward and backward (records #59, #87).
+
+    x (..., C), w1 (F, C) (the MLP's ``fc.weight``), w2 (C, F) (``proj.weight``), all bf16 (or all fp16)
+    on one CUDA device (a CPU only under ``TRITON_INTERPRET=1``) -> (..., C) in that dtype. Differentiable
+    in x, w1 and w2; the backward keeps ``post`` (T, F) and no other activation.
+
+    Raises :class:`SpeedrunError` on shapes that do not chain, mixed or non-16-bit dtypes, mixed devices.
+    """
+    chained = w1.dim() == 2 and w2.dim() == 2 and x.size(-1) == w1.size(1) and w2.shape == w1.shape[::-1]
+    _check(chained,
+           f"relu_square_mlp: x {tuple(x.shape)} (..., C), w1 {tuple(w1.shape)} (F, C) and w2 "
+           f"{tuple(w2.shape)} (C, F) do not chain")
+    out = _ReluSquareMLP.apply(x.reshape(-1, x.size(-1)), w1, w2)
+    return out.reshape(*x.shape[:-1], w2.size(0))
