@@ -128,7 +128,7 @@ def main() -> None:
     run_training(config, variant=args.name, seed=0, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
                  log_path=log, env={})
     figures = summarize(config, log, args.skip, args.peak_tflops)
-    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=torch.cuda.get_device_name(0),
+    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                    torch=torch.__version__, host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
     if args.profile:
