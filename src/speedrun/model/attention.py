@@ -164,25 +164,21 @@ def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDo
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
           window: int | None) -> torch.Tensor:
     block_mask = docs.cached(("flex_block_mask", window), lambda: _flex_block_mask(docs, window, q.device))
-    out = _flex_attention(q.is_cuda)(*_heads_first(q, k, v), block_mask=block_mask, scale=scale)
+    out = _flex_function("flex_attention", q.is_cuda)(*_heads_first(q, k, v), block_mask=block_mask,
+                                                      scale=scale)
     return out[0].transpose(0, 1)                                                # (T, H, D)
 
 
 def _flex_block_mask(docs: PackedDocuments, window: int | None, device: torch.device) -> Any:
     """The FlexAttention block mask (128-token blocks) of document-causal attention within ``window``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     ids = docs.document_ids()                                                    # (T,)
 
     def document_causal(b, h, q_idx, kv_idx):
         keep = (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
         return keep if window is None else keep & (q_idx - kv_idx < window)
 
-    # Outside a compiled graph on CUDA, compile the mask construction itself (the eager one evaluates
-    # the mask over all T² pairs at once); inside one, it is traced with the rest of the model.
-    compile_it = device.type == "cuda" and not torch.compiler.is_compiling()
-    return create_block_mask(document_causal, None, None, docs.num_tokens, docs.num_tokens, device=device,
-                             _compile=compile_it)
+    create = _flex_function("create_block_mask", device.type == "cuda")
+    return create(document_causal, None, None, docs.num_tokens, docs.num_tokens, device=device)
 
 
 @register_backend("varlen")
@@ -199,18 +195,33 @@ def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocum
     return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(left, 0))
 
 
-@functools.cache
-def _flex_attention(cuda: bool) -> Callable[..., torch.Tensor]:
-    """``flex_attention``, compiled for CUDA (built on first use: nothing is compiled at import)."""
-    from torch.nn.attention.flex_attention import flex_attention
+def _flex_function(name: str, cuda: bool) -> Callable[..., Any]:
+    """``flex_attention`` or ``create_block_mask`` as the caller's context needs it: the plain function
+    inside a graph being compiled (traced with the model), else on CUDA its own ``torch.compile`` (the fused
+    kernel; the eager mask construction evaluates all T² pairs at once), else the eager CPU path."""
+    from torch.nn.attention import flex_attention as flex
 
-    if cuda:
-        return torch.compile(flex_attention, dynamic=False)
+    if torch.compiler.is_compiling():
+        return getattr(flex, name)
+    return _compiled_flex(name) if cuda else _eager_flex(name)
+
+
+@functools.cache
+def _compiled_flex(name: str) -> Callable[..., Any]:
+    from torch.nn.attention import flex_attention as flex
+
+    return torch.compile(getattr(flex, name), dynamic=False)
+
+
+def _eager_flex(name: str) -> Callable[..., Any]:
+    from torch.nn.attention import flex_attention as flex
+
+    function = getattr(flex, name)
 
     def eager(*args, **kwargs):
         with warnings.catch_warnings():        # the eager path warns that it is unfused: known and intended
             warnings.simplefilter("ignore", UserWarning)
-            return flex_attention(*args, **kwargs)
+            return function(*args, **kwargs)
     return eager
 
 
