@@ -33,7 +33,7 @@ import yaml
 
 from speedrun.analysis.logs import parse_log, read_record
 from speedrun.model.config import GPTConfig
-from speedrun.train import TrainConfig, run_training
+from speedrun.train import TrainConfig, run_training, use_compile_cache
 
 H200_BF16_TFLOPS = 810.0
 
@@ -120,8 +120,13 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
+    parser.add_argument("--compile-cache", type=Path, default=None,
+                        help="Inductor/Triton cache folder, as `speedrun train --compile-cache` (a second run "
+                             "with the same folder measures the warm start)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compile_cache is not None:
+        use_compile_cache(args.compile_cache, os.environ)
     config = TrainConfig.from_dict(load_settings(args.config, args.overrides, args.steps))
     log = args.out / f"{args.name}.txt"
     started = time.time()

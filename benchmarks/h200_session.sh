@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU checks of issues 4 and 6 on one H200, in parts that each fit one device call (< 10 minutes).
+# Run from the repository root with the debian-docs stage folders in .carry/dd (see docs/benchmarks.md):
+#   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
+#   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20 (+ profile), cold then warm start
+#   bash benchmarks/h200_session.sh record28   # record #28's architecture, 30 steps: the issue 4 floor (572K tokens/s)
+#   bash benchmarks/h200_session.sh ablations  # full set without FP8 / without paired heads / with varlen, 20 steps each
+# Figures go to $OUT (figures.jsonl, logs, profile tables).
+set -euo pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/h200}
+mkdir -p "$OUT"
+DATA=/tmp/dd
+CACHE=/tmp/compile-cache
+BENCH="python benchmarks/gpu_speedrun.py --data $DATA --out $OUT"
+
+prepare_data() {   # the debian-docs train shard 4 times over (the race sees about 47M tokens; it holds 14M)
+    [ -f $DATA/bos/manifest.json ] && return
+    local d=.carry/dd/shards t=.carry/dd/shards/debiandocs_train_000001.bin
+    python -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $t $t $t $t \
+        --out-dir $DATA/shards --dataset debiandocs
+    python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
+}
+
+case "${1:?part: tests, race, record28 or ablations}" in
+tests)
+    python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_fp8.py \
+        tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_muon_banks.py tests/test_train.py \
+        2>&1 | tee "$OUT/gpu-tests.txt"
+    python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt" ;;
+race)
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE --profile \
+        2>&1 | tee "$OUT/race-full.out"
+    $BENCH --config benchmarks/configs/h200-race.yaml --name race-warm-start --compile-cache $CACHE --steps 2 \
+        --set val_every=0 2>&1 | tee "$OUT/race-warm-start.out" ;;
+record28)
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-record28.yaml --name record28 --set window_schedule=[] \
+        --set final_window_long_blocks=null 2>&1 | tee "$OUT/record28.out" ;;
+ablations)
+    prepare_data
+    Q='--steps 20 --set window_schedule=[] --set untie_step=null --set final_window_long_blocks=null --set val_every=0'
+    for name in no-fp8:'{"cross_entropy":"full","fp8_head":false,"fp8_attention":false}' \
+                no-paired:'{"cross_entropy":"full","paired_head_layers":[]}' \
+                varlen:'{"cross_entropy":"full","attention_backend":"varlen"}'; do
+        $BENCH --config benchmarks/configs/h200-race.yaml --name "${name%%:*}" $Q --set "model=${name#*:}" \
+            2>&1 | tee "$OUT/${name%%:*}.out"
+    done ;;
+*) echo "unknown part $1" >&2; exit 2 ;;
+esac
