@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.config import SoftcapKind
-from speedrun.model.fp8 import fp8_linear, fp8_matmul
+from speedrun.model.fp8 import HEAD_SCALES, fp8_linear, fp8_matmul
 
 _TINY_PROB = 1e-30
 SIGMOID_SHIFT = 5.0
@@ -56,13 +56,14 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
     x: (T, C) float; weight: (V, C) float; targets: (T,) int64 in 0..V-1; softcap: None or c > 0, applied as
     ``softcap_kind`` (:func:`softcap_logits`); compute_dtype: dtype of the matrix products (default: x's dtype).
-    fp8: the logits' product in FP8 (:mod:`speedrun.model.fp8`, record #19: the training forward of the
-    head), the gradients' products in bf16. Differentiable in x and weight for both ``impl``.
+    fp8: the logits' product in FP8 with the head's fixed scales (:data:`speedrun.model.fp8.HEAD_SCALES`,
+    records #19, #51, #67); the gradients' products in FP8 too with ``"full"``, in bf16 with ``"chunked"``
+    (which computes them inside its own pass). Differentiable in x and weight for both ``impl``.
     """
     dtype = compute_dtype or x.dtype
     with torch.autocast(x.device.type, enabled=False):
         if impl == "full":
-            logits = fp8_linear(x, weight) if fp8 else F.linear(x.to(dtype), weight.to(dtype))  # (T, V)
+            logits = fp8_linear(x, weight, HEAD_SCALES) if fp8 else F.linear(x.to(dtype), weight.to(dtype))  # (T, V)
             logits = logits.to(_accumulation_dtype(dtype))
             return F.cross_entropy(softcap_logits(logits, softcap, softcap_kind), targets)
         if impl != "chunked":
@@ -117,7 +118,7 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
     for start in range(0, num_tokens, chunk):
         rows, n = slice(start, start + chunk), min(chunk, num_tokens - start)
         if fp8:
-            low[:n].copy_(fp8_matmul(xs[rows], w))
+            low[:n].copy_(fp8_matmul(xs[rows], w, HEAD_SCALES))
         else:
             torch.mm(xs[rows], w.t(), out=low[:n])
         if low is not logits:
