@@ -317,16 +317,24 @@ def padded_cu_seqlens(cu_seqlens: np.ndarray, multiple: int = DOC_SLOT_MULTIPLE)
     return np.pad(cu_seqlens, (0, slots - len(cu_seqlens)), constant_values=cu_seqlens[-1]).astype(np.int32)
 
 
+def host_tensors(mb: MicroBatch, pin: bool = False, doc_slot_multiple: int = DOC_SLOT_MULTIPLE
+                 ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    """``(inputs, targets, cu_seqlens)`` of ``mb`` as CPU tensors: (T,) int32, (T,) int64, (S,) int32
+    (``cu_seqlens`` padded by :func:`padded_cu_seqlens` to a multiple of ``doc_slot_multiple`` slots), in
+    pinned memory with ``pin`` (for non-blocking copies to a GPU)."""
+    import torch
+
+    arrays = (mb.inputs, mb.targets, padded_cu_seqlens(mb.cu_seqlens, doc_slot_multiple))
+    tensors = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+    return tuple(t.pin_memory() for t in tensors) if pin else tensors
+
+
 def to_torch(mb: MicroBatch, device: "torch.device | str", doc_slot_multiple: int = DOC_SLOT_MULTIPLE
              ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
-    """``(inputs, targets, cu_seqlens)`` of ``mb`` as tensors on ``device``: (T,) int32, (T,) int64,
-    (S,) int32 (``cu_seqlens`` padded by :func:`padded_cu_seqlens` to a multiple of ``doc_slot_multiple``
-    slots). Copies are non-blocking from pinned memory when ``device`` is CUDA."""
+    """:func:`host_tensors` of ``mb`` on ``device``. Copies are non-blocking from pinned memory when
+    ``device`` is CUDA."""
     import torch
 
     device = torch.device(device)
-    arrays = (mb.inputs, mb.targets, padded_cu_seqlens(mb.cu_seqlens, doc_slot_multiple))
-    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    if device.type == "cuda":
-        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
-    return tuple(t.to(device) for t in tensors)
+    cuda = device.type == "cuda"
+    return tuple(t.to(device, non_blocking=cuda) for t in host_tensors(mb, cuda, doc_slot_multiple))
