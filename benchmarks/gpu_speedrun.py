@@ -33,7 +33,8 @@ import yaml
 
 from speedrun.analysis.logs import parse_log, read_record
 from speedrun.model.config import GPTConfig
-from speedrun.train import TrainConfig, run_training, use_compile_cache
+from speedrun.train import run_training, use_compile_cache
+from speedrun.train_config import TrainConfig
 
 H200_BF16_TFLOPS = 810.0
 
@@ -93,7 +94,9 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from speedrun.runlog import RunLog
-    from speedrun.train import Launch, _Run, load_training_data, resolve_device
+    from speedrun.train import _Run
+    from speedrun.train_data import load_training_data
+    from speedrun.train_launch import Launch, resolve_device
 
     device = resolve_device("cuda", 0)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))

@@ -23,7 +23,8 @@ import torch
 from speedrun.data.loader import MicroBatch, to_torch
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import build_optimizers
-from speedrun.train import TrainConfig, evaluate, train_step
+from speedrun.train import evaluate, train_step
+from speedrun.train_config import TrainConfig
 
 
 def synthetic_micro_batch(tokens: int, rng: np.random.Generator) -> MicroBatch:

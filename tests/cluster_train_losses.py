@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from speedrun.train import TrainConfig, run_training
+from speedrun.train import run_training
+from speedrun.train_config import TrainConfig
 
 
 def main(settings: str, shards_dir: str, bos_dir: str, log_path: str, losses_pattern: str) -> None:

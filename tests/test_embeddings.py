@@ -15,7 +15,8 @@ from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, build_optimizers
-from speedrun.train import TrainConfig, run_training
+from speedrun.train import run_training
+from speedrun.train_config import TrainConfig
 from test_train import QUICK, counting_documents, write_dataset
 
 

@@ -70,7 +70,8 @@ def test_preflight_by_device(monkeypatch):
 
 def test_a_gpu_run_without_its_gpus_stops_before_writing_anything(tmp_path, monkeypatch):
     import speedrun.preflight as module
-    from speedrun.train import TrainConfig, run_training
+    from speedrun.train import run_training
+    from speedrun.train_config import TrainConfig
     from cluster_support import write_dataset
 
     shards, bos = write_dataset(tmp_path / "data", documents=200)

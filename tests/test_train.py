@@ -1,6 +1,6 @@
-"""The ``speedrun train`` stage: settings validation, the log format (by hand and through the log parser),
-short runs on synthetic and on real text, divergence and failure handling, and (slow) a 2-rank gloo run
-against a 1-rank run with 2 accumulation steps."""
+"""The ``speedrun train`` stage: the log format (by hand and through the log parser), short runs on synthetic
+and on real text, the schedules the loop applies, divergence and failure handling, and (slow) a 2-rank gloo
+run against a 1-rank run with 2 accumulation steps. The settings themselves: test_train_config.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from speedrun import cli
@@ -22,7 +21,8 @@ from speedrun.analysis.logs import read_record
 from speedrun.data.shards import sha256_file
 from speedrun.errors import SpeedrunError
 from speedrun.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
-from speedrun.train import TrainConfig, load_config_argument, run_training
+from speedrun.train import run_training
+from speedrun.train_config import TrainConfig
 from synthetic_data import counting_documents, write_dataset
 
 STEP_RE = re.compile(r"^step:(\d+)/(\d+) (train|val)_loss:(\S+) train_time:(\d+)ms step_avg:([0-9.]+)ms$")
@@ -43,57 +43,6 @@ def read_log(path: Path) -> tuple[list[str], list[str], list[tuple]]:
     sep = lines.index(SEPARATOR)
     steps = [m.groups() for m in map(STEP_RE.match, lines[sep + 1:]) if m]
     return lines[:sep], lines[sep + 1:], steps
-
-
-# ---- settings ----------------------------------------------------------------------------------------
-
-
-def test_train_config_from_dict_and_derived_settings():
-    cfg = TrainConfig.from_dict({"steps": 10, "adam_betas": [0.9, 0.99], "model": {"n_layer": 2}})
-    assert cfg.steps == 10 and cfg.adam_betas == (0.9, 0.99)
-    assert cfg.micro_batch_tokens == 4096 // 4
-    assert cfg.model_config().n_layer == 2
-    assert cfg.optim_config().adam_betas == (0.9, 0.99)
-    assert cfg.schedule_config().momentum_end == cfg.muon_momentum
-    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
-    assert again.model_config() == cfg.model_config() and again.to_json() == cfg.to_json()
-    assert "\n" not in cfg.to_json()
-
-
-@pytest.mark.parametrize("settings,match", [
-    ({"stepz": 3}, "unknown training setting 'stepz'"),
-    ({"model": {"widht": 3}}, "unknown model setting 'widht'"),
-    ({"micro_batches": 3, "world_size": 2, "tokens_per_step": 3}, "not a multiple of train.world_size"),
-    ({"tokens_per_step": 4095}, "tokens_per_step 4095 is not a multiple of train.micro_batches 4"),
-    ({"val_tokens": 1000}, "val_tokens 1000 is not a multiple"),
-    ({"steps": "60"}, "train.steps must be an integer"),
-    ({"steps": True}, "train.steps must be an integer"),
-    ({"compile": "yes"}, "train.compile must be true or false"),
-    ({"device": "tpu"}, "train.device must be one of cpu, cuda, auto"),
-    ({"orthogonalizer": "svd"}, "train.orthogonalizer must be one of"),
-    ({"cooldown_frac": 1.5}, "train.cooldown_frac must be a number in"),
-    ({"muon_momentum": 1.0}, "train.muon_momentum"),
-    ({"adam_betas": [0.9]}, "adam_betas must be a pair"),
-    ({"val_every": -1}, "train.val_every must be an integer >= 0"),
-])
-def test_bad_settings_are_named(settings, match):
-    with pytest.raises(SpeedrunError, match=match):
-        TrainConfig.from_dict(settings)
-
-
-def test_config_argument_is_json_or_a_file(tmp_path):
-    assert load_config_argument('{"steps": 3, "muon_lr": 1e-05}') == {"steps": 3, "muon_lr": 1e-05}
-    (tmp_path / "c.json").write_text('{"steps": 4}')
-    (tmp_path / "c.yaml").write_text("steps: 5\nmodel:\n  n_layer: 2\n")
-    assert load_config_argument(str(tmp_path / "c.json")) == {"steps": 4}
-    assert load_config_argument(str(tmp_path / "c.yaml")) == {"steps": 5, "model": {"n_layer": 2}}
-    with pytest.raises(SpeedrunError, match="neither a JSON object nor an existing file"):
-        load_config_argument(str(tmp_path / "missing.json"))
-    with pytest.raises(SpeedrunError, match="cannot parse"):
-        load_config_argument('{"steps": 3')
-    (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(SpeedrunError, match="mapping"):
-        load_config_argument(str(tmp_path / "list.yaml"))
 
 
 # ---- the log -----------------------------------------------------------------------------------------
@@ -345,22 +294,7 @@ def test_a_short_run_on_the_gpu(synthetic, tmp_path):
     assert result.losses[-1][2] < result.losses[0][2]
 
 
-# ---- batch-size schedule and compiled warm-up ----------------------------------------------------------
-
-
-def test_batch_schedule_stages_and_totals():
-    cfg = TrainConfig.from_dict({**QUICK, "steps": 9, "micro_batches": 2,
-                                 "batch_schedule": [[256, 64], [512, 128], [1024, 128]]})
-    assert cfg.batch_stages() == [(0, 256, 64), (3, 512, 128), (6, 1024, 128)]
-    assert [cfg.batch_at(s) for s in (0, 2, 3, 5, 6, 8)] == [(256, 64), (256, 64), (512, 128), (512, 128),
-                                                              (1024, 128), (1024, 128)]
-    assert cfg.train_tokens() == 3 * 256 + 3 * 512 + 3 * 1024
-    assert cfg.micro_batch_tokens == 128
-    assert TrainConfig.from_dict(QUICK).train_tokens() == 6 * 512
-    with pytest.raises(SpeedrunError, match="tokens_per_step 255 is not a multiple"):
-        TrainConfig.from_dict({**QUICK, "batch_schedule": [[255, 64]]})
-    with pytest.raises(SpeedrunError, match="batch_schedule must be a list"):
-        TrainConfig.from_dict({**QUICK, "batch_schedule": [[256]]})
+# ---- schedules and compiled warm-up ---------------------------------------------------------------------
 
 
 def test_warm_up_covers_every_stage_start_and_the_untie_step():
@@ -382,6 +316,31 @@ def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):
     assert result.status == "complete"
     val = [x for _, kind, x in result.losses if kind == "val"]
     assert val[-1] < val[0] - 1.0
+
+
+def test_the_loop_applies_the_stage_lr_multipliers_and_the_momentum_cooldown(synthetic, tmp_path, monkeypatch):
+    from speedrun.optim.groups import Optimizers
+
+    applied = []
+    real_apply = Optimizers.apply_schedule
+
+    def recording_apply(self, step, schedule):
+        real_apply(self, step, schedule)
+        muon = next(g for g in self.groups() if g["kind"] == "matrix")
+        applied.append((step, muon["lr"], muon["momentum"]))
+
+    monkeypatch.setattr(Optimizers, "apply_schedule", recording_apply)
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 6, "val_every": 0, "muon_lr": 0.04, "cooldown_frac": 0.5,
+                                 "lr_floor": 0.25, "lr_stage_multipliers": [1.0, 2.0],
+                                 "momentum_warmup_steps": 2, "momentum_cooldown_steps": 2})
+    run_training(cfg, variant="s", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "s.txt", env={})
+    # halves from step 3; cooldown from int(6 * 0.5) = 3 (t = 0, 1/3, 2/3); momentum 0.85 -> 0.95 over steps
+    # 0-2, back down from step 6 - 2 = 4 (step 5: half way)
+    assert [s for s, _, _ in applied] == list(range(6))
+    assert [lr for _, lr, _ in applied] == pytest.approx(
+        [0.04, 0.04, 0.04, 0.04 * 2.0, 0.04 * (2.0 * 2 / 3 + 0.25 / 3), 0.04 * (2.0 / 3 + 0.25 * 2 / 3)])
+    assert [m for _, _, m in applied] == pytest.approx([0.85, 0.90, 0.95, 0.95, 0.95, 0.90])
 
 
 @pytest.mark.slow

@@ -60,7 +60,11 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """The step schedules (see :mod:`speedrun.optim.schedules`)."""
+    """The step schedules (see :mod:`speedrun.optim.schedules`).
+
+    ``lr_stage_multipliers``: one lr multiplier per equal stage of the steps (speedrun-spec.md 3.5: 1.0,
+    1.52, 1.73); empty: 1.0. ``momentum_cooldown_steps``: Muon's momentum falls back from
+    ``momentum_end`` to ``momentum_start`` over these last steps (the record: 50); 0: no cooldown."""
 
     steps: int
     cooldown_frac: float
@@ -68,6 +72,8 @@ class ScheduleConfig:
     momentum_warmup_steps: int
     momentum_start: float = 0.85
     momentum_end: float = 0.95
+    lr_stage_multipliers: tuple[float, ...] = ()
+    momentum_cooldown_steps: int = 0
 
 
 class Optimizers:
@@ -82,11 +88,14 @@ class Optimizers:
             yield from opt.param_groups
 
     def apply_schedule(self, step: int, schedule: ScheduleConfig) -> None:
-        """Set ``lr = initial_lr * lr_factor(step)`` in every group, and the Muon momentum and Langevin
-        noise σ_t (:func:`speedrun.optim.langevin.langevin_sigma`) of ``step`` in Muon's groups."""
-        factor = lr_factor(step, schedule.steps, schedule.cooldown_frac, schedule.lr_floor)
+        """Set ``lr = initial_lr * lr_factor(step)`` in every group (with the stage multipliers), and the
+        Muon momentum (warm-up and cooldown) and Langevin noise σ_t
+        (:func:`speedrun.optim.langevin.langevin_sigma`) of ``step`` in Muon's groups."""
+        factor = lr_factor(step, schedule.steps, schedule.cooldown_frac, schedule.lr_floor,
+                           schedule.lr_stage_multipliers)
         momentum = muon_momentum(step, schedule.momentum_warmup_steps, schedule.momentum_start,
-                                 schedule.momentum_end)
+                                 schedule.momentum_end, steps=schedule.steps,
+                                 cooldown_steps=schedule.momentum_cooldown_steps)
         for group in self.groups():
             group["lr"] = group["initial_lr"] * factor
             if group["kind"] in MUON_KINDS:

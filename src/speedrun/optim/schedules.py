@@ -8,34 +8,53 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def lr_factor(step: int, steps: int, cooldown_frac: float, lr_floor: float) -> float:
+def lr_factor(step: int, steps: int, cooldown_frac: float, lr_floor: float,
+              stage_multipliers: Sequence[float] = ()) -> float:
     """Multiplier of every base learning rate at ``step`` of ``steps``.
 
-    1.0 until ``cooldown_start = int(steps * (1 - cooldown_frac))``, then linear from 1.0 at
-    cooldown_start to ``lr_floor`` at ``steps`` (the speedrun's linear warm-down; floor 0.15 since record
-    #72). ``cooldown_frac`` 0 means constant 1.0. Raises ``ValueError`` when ``cooldown_frac`` is outside
-    [0, 1], ``lr_floor`` outside [0, 1] or ``step`` outside [0, steps].
+    ``m``, the stage multiplier of ``step`` (``stage_multipliers[stage_index(step, steps, n)]`` over n
+    equal stages; 1.0 when empty), until ``cooldown_start = int(steps * (1 - cooldown_frac))``, then
+    ``m * (1 - t) + lr_floor * t`` with t linear from 0 at cooldown_start to 1 at ``steps``: the speedrun's
+    linear warm-down to an absolute floor (0.15 since record #72), with the record's lr multipliers tied to
+    its batch-size stages (1.0, 1.52, 1.73 over thirds; speedrun-spec.md 3.5). ``cooldown_frac`` 0 means
+    ``m`` throughout. Raises ``ValueError`` when ``cooldown_frac`` is outside [0, 1], ``lr_floor`` outside
+    [0, 1], a stage multiplier is negative or ``step`` is outside [0, steps].
     """
     if not 0.0 <= cooldown_frac <= 1.0 or not 0.0 <= lr_floor <= 1.0:
         raise ValueError(f"cooldown_frac and lr_floor must lie in [0, 1], got {cooldown_frac}, {lr_floor}")
     if not 0 <= step <= steps:
         raise ValueError(f"step {step} is outside 0..{steps}")
+    if any(m < 0 for m in stage_multipliers):
+        raise ValueError(f"stage multipliers must be >= 0, got {list(stage_multipliers)}")
+    multiplier = stage_multipliers[stage_index(step, steps, len(stage_multipliers))] if stage_multipliers else 1.0
     start = int(steps * (1.0 - cooldown_frac))
     if step < start or start == steps:
-        return 1.0
+        return multiplier
     t = (step - start) / (steps - start)
-    return (1.0 - t) + t * lr_floor
+    return multiplier * (1.0 - t) + t * lr_floor
 
 
-def muon_momentum(step: int, warmup_steps: int, start: float = 0.85, end: float = 0.95) -> float:
-    """Muon momentum at ``step``: linear from ``start`` at step 0 to ``end`` at ``warmup_steps``, then
-    ``end`` (records #9+, 0.85 -> 0.95 over 300 steps). ``warmup_steps`` 0 means ``end`` throughout."""
-    if warmup_steps < 0 or step < 0:
-        raise ValueError(f"step and warmup_steps must be >= 0, got {step}, {warmup_steps}")
-    if warmup_steps == 0 or step >= warmup_steps:
-        return end
-    frac = step / warmup_steps
-    return (1.0 - frac) * start + frac * end
+def muon_momentum(step: int, warmup_steps: int, start: float = 0.85, end: float = 0.95, *, steps: int = 0,
+                  cooldown_steps: int = 0) -> float:
+    """Muon momentum at ``step``: linear from ``start`` at step 0 to ``end`` at ``warmup_steps`` (records
+    #9+, 0.85 -> 0.95 over 300 steps), then ``end``; with ``cooldown_steps``, linear from ``end`` at
+    ``steps - cooldown_steps`` back down to ``start`` at ``steps`` (the record's last 50 steps,
+    speedrun-spec.md 3.5). The warm-up wins where the two overlap, as in the record. ``warmup_steps`` 0
+    means no warm-up. Raises ``ValueError`` for a negative step, warmup_steps or cooldown_steps, and with a
+    cooldown for a ``step`` beyond ``steps``."""
+    if warmup_steps < 0 or step < 0 or cooldown_steps < 0:
+        raise ValueError(f"step, warmup_steps and cooldown_steps must be >= 0, got {step}, {warmup_steps}, "
+                         f"{cooldown_steps}")
+    if cooldown_steps and step > steps:
+        raise ValueError(f"step {step} is beyond the {steps} steps of the momentum cooldown")
+    if step < warmup_steps:
+        frac = step / warmup_steps
+        return (1.0 - frac) * start + frac * end
+    cooldown_start = steps - cooldown_steps
+    if cooldown_steps and step > cooldown_start:
+        frac = (step - cooldown_start) / cooldown_steps
+        return (1.0 - frac) * end + frac * start
+    return end
 
 
 def stage_index(step: int, steps: int, stages: int) -> int:

@@ -1,0 +1,287 @@
+"""The settings of ``speedrun train`` (config.yaml ``train`` with a variant's overrides): :class:`TrainConfig`,
+its validation, and the ``--config`` argument that carries it (a JSON object or a JSON/YAML file).
+
+Every check runs once, when the config is built, and raises :class:`speedrun.errors.SpeedrunError` naming the
+setting (``train.<name>``), the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, get_args
+
+from speedrun.errors import SpeedrunError
+from speedrun.model.config import GPTConfig, build_model_config
+from speedrun.optim.groups import OptimConfig, ScheduleConfig
+from speedrun.optim.orthogonalize import ORTHOGONALIZERS
+from speedrun.optim.schedules import batch_stages, window_blocks
+
+DeviceChoice = Literal["cpu", "cuda", "auto"]
+ComputeDtype = Literal["float32", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training settings of one variant (config.yaml ``train`` with the variant's overrides).
+
+    Sizes: ``steps`` optimizer steps of ``tokens_per_step`` tokens in ``micro_batches`` forward passes over
+    all ranks; documents cut at ``max_seq_len`` tokens; ``val_tokens`` validation tokens in chunks of
+    ``val_batch_tokens`` per rank, every ``val_every`` steps (0: only at step 0 and the last). Model:
+    ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields). Optimizers
+    (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
+    ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85,
+    and back down to 0.85 over the last ``momentum_cooldown_steps``: the record's 300 and 50, speedrun-spec.md
+    3.5; 0: no cooldown), ``orthogonalizer``, ``normuon_beta2`` (null: plain Muon; records #41-#48 use NorMuon
+    with 0.9); ``weight_decay`` (Muon's; the record 1.2) and ``adam_weight_decay`` (Adam's; the record 0.005),
+    decoupled or, with ``cautious_weight_decay``, cautious (records #43, #50); ``langevin_noise``: the initial
+    scale of NorMuon's annealed Langevin noise (2026-06-11 record; 0: off, :mod:`speedrun.optim.langevin`),
+    seeded by the run's seed; ``shard_muon``: on several ranks, each rank updates a slice of every bank of
+    matrices (reduce-scatter, update, all-gather; speedrun-spec.md 3.4).
+    LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
+    in ``lr_stage_multipliers``, one per equal stage of the steps (the record's 1.0, 1.52, 1.73 with its three
+    batch-size stages; empty: 1.0 throughout), then over the last ``cooldown_frac`` of the steps linear from
+    that multiplier down to ``lr_floor`` times the base (absolute, not scaled by the stage: the record's
+    cooldown_frac 0.6 and floor 0.15). Attention windows (:func:`speedrun.optim.schedules.window_blocks`,
+    records #13, #31, #33): ``window_schedule``, a list of ``[short, long]`` windows in blocks, one per equal
+    stage of the steps (empty: the model's fixed windows), and ``final_window_long_blocks``, the long window
+    at the final validation (null: unchanged); both need the model's ``window_pattern``. ``untie_step``: with
+    the model's ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its
+    Adam state (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix
+    products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model (one static-shape graph
+    per batch shape, window setting and tie state, all compiled in the untimed warm-up). ``batch_schedule``:
+    the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
+    the steps; when set it replaces ``tokens_per_step`` and ``max_seq_len`` (empty: constant).
+
+    Raises :class:`SpeedrunError` naming the setting on a wrong type or value, and on a batch that does not
+    divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
+    world_size).
+    """
+
+    preset: str = "tiny"
+    model: Mapping[str, Any] = field(default_factory=dict)
+    steps: int = 60
+    tokens_per_step: int = 4096
+    micro_batches: int = 4
+    max_seq_len: int = 1024
+    val_tokens: int = 32768
+    val_batch_tokens: int = 1024
+    val_every: int = 20
+    world_size: int = 1
+    device: DeviceChoice = "cpu"
+    compile: bool = False
+    dtype: ComputeDtype = "bfloat16"
+    embed_lr: float = 0.6
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    momentum_warmup_steps: int = 300
+    momentum_cooldown_steps: int = 0
+    weight_decay: float = 0.0
+    adam_weight_decay: float = 0.0
+    langevin_noise: float = 0.0
+    shard_muon: bool = True
+    cooldown_frac: float = 0.4
+    lr_floor: float = 0.0
+    lr_stage_multipliers: tuple[float, ...] = ()
+    orthogonalizer: str = "polar_express"
+    normuon_beta2: float | None = None
+    cautious_weight_decay: bool = False
+    window_schedule: tuple[tuple[int, int], ...] = ()
+    final_window_long_blocks: int | None = None
+    untie_step: int | None = None
+    batch_schedule: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
+                     "val_batch_tokens", "world_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("val_every", self.val_every, 0)
+        _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
+        _check_int("momentum_cooldown_steps", self.momentum_cooldown_steps, 0)
+        for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
+                     "langevin_noise"):
+            _check_number(name, getattr(self, name), 0.0, math.inf)
+        for name in ("cooldown_frac", "lr_floor"):
+            _check_number(name, getattr(self, name), 0.0, 1.0)
+        _check_number("muon_momentum", self.muon_momentum, 0.0, 1.0, open_high=True)
+        if not isinstance(self.lr_stage_multipliers, tuple):
+            raise SpeedrunError(f"train.lr_stage_multipliers must be a list of numbers, one per equal stage of "
+                                f"the steps, got {self.lr_stage_multipliers!r}")
+        for multiplier in self.lr_stage_multipliers:
+            _check_number("lr_stage_multipliers", multiplier, 0.0, math.inf)
+        if not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2:
+            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
+        for beta in self.adam_betas:
+            _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
+        for name in ("compile", "cautious_weight_decay", "shard_muon"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.normuon_beta2 is not None:
+            _check_number("normuon_beta2", self.normuon_beta2, 0.0, 1.0, open_high=True)
+        _check_choice("device", self.device, get_args(DeviceChoice))
+        _check_choice("dtype", self.dtype, get_args(ComputeDtype))
+        _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
+        if not isinstance(self.model, Mapping):
+            raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
+        self.model_config()
+        self._check_schedules()
+        self._check_divisions()
+
+    def _check_schedules(self) -> None:
+        schedule = self.window_schedule
+        if not isinstance(schedule, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and all(
+                    isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair) for pair in schedule):
+            raise SpeedrunError(f"train.window_schedule must be a list of [short, long] block counts >= 1, "
+                                f"got {schedule!r}")
+        if self.final_window_long_blocks is not None:
+            _check_int("final_window_long_blocks", self.final_window_long_blocks, 1)
+        if self.untie_step is not None:
+            _check_int("untie_step", self.untie_step, 0)
+            if not self.model_config().tie_embed_head:
+                raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
+        batches = self.batch_schedule
+        if not isinstance(batches, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
+            raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
+                                f"positive integers, got {batches!r}")
+        if (schedule or self.final_window_long_blocks is not None) and not self.model_config().window_pattern:
+            raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
+                                "window_pattern (which layers take the short and the long window)")
+
+    def _check_divisions(self) -> None:
+        if self.micro_batches % self.world_size:
+            raise SpeedrunError(f"train.micro_batches {self.micro_batches} is not a multiple of "
+                                f"train.world_size {self.world_size}")
+        for _, tokens, _ in self.batch_stages():
+            if tokens % self.micro_batches:
+                raise SpeedrunError(f"train.tokens_per_step {tokens} is not a multiple of "
+                                    f"train.micro_batches {self.micro_batches}")
+        if self.val_tokens % (self.val_batch_tokens * self.world_size):
+            raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
+                                f"world_size = {self.val_batch_tokens * self.world_size}")
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> "TrainConfig":
+        """Build from a mapping of settings (missing ones take the defaults). Raises :class:`SpeedrunError`
+        naming an unknown key, with the valid keys."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in settings:
+            if key not in names:
+                raise SpeedrunError(f"unknown training setting {key!r}; expected one of {', '.join(names)}")
+        values = dict(settings)
+        for key in ("adam_betas", "lr_stage_multipliers"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
+        for key in ("window_schedule", "batch_schedule"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])
+        return cls(**values)
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Tokens per forward pass of the first stage: tokens_per_step / micro_batches."""
+        return self.batch_stages()[0][1] // self.micro_batches
+
+    def batch_stages(self) -> list[tuple[int, int, int]]:
+        """``(first_step, tokens_per_step, max_seq_len)`` per stage of the batch-size schedule
+        (:func:`speedrun.optim.schedules.batch_stages`; one stage without a schedule)."""
+        return batch_stages(self.steps, self.batch_schedule, self.tokens_per_step, self.max_seq_len)
+
+    def batch_at(self, step: int) -> tuple[int, int]:
+        """``(tokens_per_step, max_seq_len)`` of ``step``."""
+        return next((tokens, seq_len) for first, tokens, seq_len in reversed(self.batch_stages())
+                    if first <= step)
+
+    def train_tokens(self) -> int:
+        """Tokens of the whole run: the sum over steps of their tokens per step."""
+        bounds = [first for first, _, _ in self.batch_stages()] + [self.steps]
+        return sum((bounds[i + 1] - bounds[i]) * tokens for i, (_, tokens, _) in enumerate(self.batch_stages()))
+
+    def model_config(self) -> GPTConfig:
+        return build_model_config(self.preset, self.model)
+
+    def window_blocks_at(self, step: int) -> tuple[int, int] | None:
+        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when
+        the model keeps its windows."""
+        if self.window_schedule:
+            return window_blocks(step, self.steps, self.window_schedule, self.final_window_long_blocks)
+        if step == self.steps and self.final_window_long_blocks is not None:
+            model = self.model_config()
+            return model.window_short_blocks, self.final_window_long_blocks
+        return None
+
+    def optim_config(self) -> OptimConfig:
+        return OptimConfig(embed_lr=self.embed_lr, head_lr=self.head_lr, scalar_lr=self.scalar_lr,
+                           adam_betas=self.adam_betas, muon_lr=self.muon_lr, muon_momentum=self.muon_momentum,
+                           weight_decay=self.weight_decay, adam_weight_decay=self.adam_weight_decay,
+                           orthogonalizer=self.orthogonalizer, normuon_beta2=self.normuon_beta2,
+                           cautious_weight_decay=self.cautious_weight_decay, langevin_noise=self.langevin_noise,
+                           shard_muon=self.shard_muon)
+
+    def schedule_config(self) -> ScheduleConfig:
+        return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,
+                              momentum_warmup_steps=self.momentum_warmup_steps,
+                              momentum_end=self.muon_momentum, lr_stage_multipliers=self.lr_stage_multipliers,
+                              momentum_cooldown_steps=self.momentum_cooldown_steps)
+
+    def to_json(self) -> str:
+        """One line of JSON: every setting, with ``model`` resolved to the full model config."""
+        settings = dataclasses.asdict(self)
+        settings["model"] = dataclasses.asdict(self.model_config())
+        return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise SpeedrunError(f"train.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, low: float, high: float, open_high: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+    if not ok or (open_high and value >= high):
+        bracket = ")" if open_high else "]"
+        raise SpeedrunError(f"train.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpeedrunError(f"train.{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def load_config_argument(value: str) -> dict[str, Any]:
+    """The ``--config`` value as a dict: a JSON object, or the path of a JSON (``.json``) or YAML file
+    holding one. JSON is parsed as JSON (YAML 1.1 would read ``1e-05`` as a string).
+
+    Raises :class:`SpeedrunError` for unreadable text or a value that is not a mapping.
+    """
+    is_json = value.lstrip().startswith("{")
+    text = value
+    if not is_json:
+        path = Path(value)
+        if not path.is_file():
+            raise SpeedrunError(f"--config {value!r} is neither a JSON object nor an existing file")
+        text, is_json = path.read_text(encoding="utf-8"), path.suffix == ".json"
+    try:
+        loaded = json.loads(text) if is_json else _load_yaml(text)
+    except ValueError as e:
+        raise SpeedrunError(f"--config: cannot parse {value[:80]!r}: {e}") from None
+    if not isinstance(loaded, dict):
+        raise SpeedrunError(f"--config must hold a mapping of training settings, got {type(loaded).__name__}")
+    return loaded
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None

@@ -1,0 +1,79 @@
+"""The token data of one training run: the tokenize stage's shards and the bos_index stage's BOS indices,
+checked against their manifests (docs/formats.md), and the check that they feed the whole run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speedrun.data.loader import steps_available
+from speedrun.data.shards import load_shard, sha256_file
+from speedrun.errors import SpeedrunError
+from speedrun.runlog import sha256_text
+from speedrun.train_config import TrainConfig
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The validation shard and the train shards (uint16 memory maps) with their BOS indices (int64);
+    ``train_sha256``: sha256 of the train shards' manifest entries (file, tokens, sha256) as canonical JSON,
+    which identifies the training token stream; ``val_sha256``: sha256 of the validation shard file."""
+
+    val_tokens: np.ndarray
+    val_bos: np.ndarray
+    train_shards: list[np.ndarray]
+    train_bos: list[np.ndarray]
+    train_sha256: str = ""
+    val_sha256: str = ""
+
+
+def _read_json(path: Path, stage: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise SpeedrunError(f"{path}: not found (run the {stage} stage first)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_training_data(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[str]) -> TrainingData:
+    """Shards listed in ``shards_dir/manifest.json`` (one ``val``, then the ``train`` ones in order) and
+    ``bos_dir/<stem>.npy``. Raises :class:`SpeedrunError` on a missing file, a shard whose length differs
+    from the manifest, or a BOS index made from another version of a shard (its sha256 differs)."""
+    shards_dir, bos_dir = Path(shards_dir), Path(bos_dir)
+    entries = _read_json(shards_dir / "manifest.json", "tokenize")["shards"]
+    bos_of = {e["shard"]: e for e in _read_json(bos_dir / "manifest.json", "bos_index")["shards"]}
+    val = [e for e in entries if e["split"] == "val"]
+    train = [e for e in entries if e["split"] == "train"]
+    if len(val) != 1 or not train:
+        raise SpeedrunError(f"{shards_dir}/manifest.json must list one val shard and at least one train "
+                            f"shard, found {len(val)} and {len(train)}")
+    arrays = []
+    for entry in val + train:
+        tokens = load_shard(shards_dir / entry["file"])
+        index = bos_of.get(entry["file"])
+        if len(tokens) != entry["tokens"] or index is None or index["shard_sha256"] != entry["sha256"]:
+            raise SpeedrunError(f"{shards_dir / entry['file']}: {len(tokens)} tokens (manifest: "
+                                f"{entry['tokens']}) or its BOS index in {bos_dir} is missing or stale")
+        arrays.append((tokens, np.load(bos_dir / index["file"]).astype(np.int64)))
+    stream = [{"file": e["file"], "tokens": e["tokens"], "sha256": e["sha256"]} for e in train]
+    return TrainingData(val_tokens=arrays[0][0], val_bos=arrays[0][1],
+                        train_shards=[a[0] for a in arrays[1:]], train_bos=[a[1] for a in arrays[1:]],
+                        train_sha256=sha256_text(json.dumps(stream, sort_keys=True, separators=(",", ":"))),
+                        val_sha256=sha256_file(shards_dir / val[0]["file"]))
+
+
+def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
+    """Raise :class:`SpeedrunError` unless the train shards feed all ``steps`` and the validation shard
+    holds ``val_tokens + 1`` tokens (planning only, no token is read)."""
+    stages = [(first, tokens // config.micro_batches, seq_len) for first, tokens, seq_len in config.batch_stages()]
+    fed = steps_available([len(s) for s in data.train_shards], data.train_bos, stages[0][1], stages[0][2],
+                          config.micro_batches, config.steps, stages)
+    if fed < config.steps:
+        raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
+                            f"than train.steps = {config.steps}; add shards or lower steps")
+    if len(data.val_tokens) < config.val_tokens + 1:
+        raise SpeedrunError(f"the validation shard holds {len(data.val_tokens)} tokens, fewer than "
+                            f"train.val_tokens + 1 = {config.val_tokens + 1}")

@@ -1,0 +1,100 @@
+"""``speedrun train``'s settings (:mod:`speedrun.train_config`): building and validating a TrainConfig, the
+settings derived from it (batch stages, optimizer and schedule configs), and the ``--config`` argument."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speedrun.errors import SpeedrunError
+from speedrun.train_config import TrainConfig, load_config_argument
+from test_train import QUICK
+
+
+def test_train_config_from_dict_and_derived_settings():
+    cfg = TrainConfig.from_dict({"steps": 10, "adam_betas": [0.9, 0.99], "model": {"n_layer": 2}})
+    assert cfg.steps == 10 and cfg.adam_betas == (0.9, 0.99)
+    assert cfg.micro_batch_tokens == 4096 // 4
+    assert cfg.model_config().n_layer == 2
+    assert cfg.optim_config().adam_betas == (0.9, 0.99)
+    assert cfg.schedule_config().momentum_end == cfg.muon_momentum
+    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert again.model_config() == cfg.model_config() and again.to_json() == cfg.to_json()
+    assert "\n" not in cfg.to_json()
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"stepz": 3}, "unknown training setting 'stepz'"),
+    ({"model": {"widht": 3}}, "unknown model setting 'widht'"),
+    ({"micro_batches": 3, "world_size": 2, "tokens_per_step": 3}, "not a multiple of train.world_size"),
+    ({"tokens_per_step": 4095}, "tokens_per_step 4095 is not a multiple of train.micro_batches 4"),
+    ({"val_tokens": 1000}, "val_tokens 1000 is not a multiple"),
+    ({"steps": "60"}, "train.steps must be an integer"),
+    ({"steps": True}, "train.steps must be an integer"),
+    ({"compile": "yes"}, "train.compile must be true or false"),
+    ({"device": "tpu"}, "train.device must be one of cpu, cuda, auto"),
+    ({"orthogonalizer": "svd"}, "train.orthogonalizer must be one of"),
+    ({"cooldown_frac": 1.5}, "train.cooldown_frac must be a number in"),
+    ({"muon_momentum": 1.0}, "train.muon_momentum"),
+    ({"adam_betas": [0.9]}, "adam_betas must be a pair"),
+    ({"val_every": -1}, "train.val_every must be an integer >= 0"),
+])
+def test_bad_settings_are_named(settings, match):
+    with pytest.raises(SpeedrunError, match=match):
+        TrainConfig.from_dict(settings)
+
+
+def test_config_argument_is_json_or_a_file(tmp_path):
+    assert load_config_argument('{"steps": 3, "muon_lr": 1e-05}') == {"steps": 3, "muon_lr": 1e-05}
+    (tmp_path / "c.json").write_text('{"steps": 4}')
+    (tmp_path / "c.yaml").write_text("steps: 5\nmodel:\n  n_layer: 2\n")
+    assert load_config_argument(str(tmp_path / "c.json")) == {"steps": 4}
+    assert load_config_argument(str(tmp_path / "c.yaml")) == {"steps": 5, "model": {"n_layer": 2}}
+    with pytest.raises(SpeedrunError, match="neither a JSON object nor an existing file"):
+        load_config_argument(str(tmp_path / "missing.json"))
+    with pytest.raises(SpeedrunError, match="cannot parse"):
+        load_config_argument('{"steps": 3')
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(SpeedrunError, match="mapping"):
+        load_config_argument(str(tmp_path / "list.yaml"))
+
+
+def test_batch_schedule_stages_and_totals():
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 9, "micro_batches": 2,
+                                 "batch_schedule": [[256, 64], [512, 128], [1024, 128]]})
+    assert cfg.batch_stages() == [(0, 256, 64), (3, 512, 128), (6, 1024, 128)]
+    assert [cfg.batch_at(s) for s in (0, 2, 3, 5, 6, 8)] == [(256, 64), (256, 64), (512, 128), (512, 128),
+                                                              (1024, 128), (1024, 128)]
+    assert cfg.train_tokens() == 3 * 256 + 3 * 512 + 3 * 1024
+    assert cfg.micro_batch_tokens == 128
+    assert TrainConfig.from_dict(QUICK).train_tokens() == 6 * 512
+    with pytest.raises(SpeedrunError, match="tokens_per_step 255 is not a multiple"):
+        TrainConfig.from_dict({**QUICK, "batch_schedule": [[255, 64]]})
+    with pytest.raises(SpeedrunError, match="batch_schedule must be a list"):
+        TrainConfig.from_dict({**QUICK, "batch_schedule": [[256]]})
+
+
+def test_schedule_settings_reach_the_schedule_config():
+    cfg = TrainConfig.from_dict({"steps": 1270, "cooldown_frac": 0.6, "lr_floor": 0.15,
+                                 "lr_stage_multipliers": [1.0, 1.52, 1.73], "momentum_cooldown_steps": 50})
+    assert cfg.lr_stage_multipliers == (1.0, 1.52, 1.73)
+    schedule = cfg.schedule_config()
+    assert (schedule.steps, schedule.cooldown_frac, schedule.lr_floor) == (1270, 0.6, 0.15)
+    assert (schedule.lr_stage_multipliers, schedule.momentum_cooldown_steps) == ((1.0, 1.52, 1.73), 50)
+    again = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert again.lr_stage_multipliers == (1.0, 1.52, 1.73) and again.to_json() == cfg.to_json()
+    default = TrainConfig().schedule_config()                  # off by default: existing configs unchanged
+    assert (default.lr_stage_multipliers, default.momentum_cooldown_steps) == ((), 0)
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"lr_stage_multipliers": [1.0, -1.52]}, r"train.lr_stage_multipliers must be a number in \[0.0, inf\]"),
+    ({"lr_stage_multipliers": [1.0, "1.5"]}, "train.lr_stage_multipliers must be a number"),
+    ({"lr_stage_multipliers": 1.5}, "train.lr_stage_multipliers must be a list of numbers"),
+    ({"momentum_cooldown_steps": -1}, "train.momentum_cooldown_steps must be an integer >= 0"),
+    ({"momentum_cooldown_steps": 2.5}, "train.momentum_cooldown_steps must be an integer >= 0"),
+])
+def test_bad_schedule_settings_are_named(settings, match):
+    with pytest.raises(SpeedrunError, match=match):
+        TrainConfig.from_dict(settings)
