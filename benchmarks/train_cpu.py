@@ -51,7 +51,8 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
         batches = [synthetic_micro_batch(config.micro_batch_tokens, rng) for _ in range(config.micro_batches)]
         start = time.perf_counter()
         optimizers.apply_schedule(step % config.steps, config.schedule_config())
-        train_step(model, model, batches, device, autocast, 1)
+        train_step(model, model, [to_torch(mb, device) for mb in batches], device, autocast, 1,
+                   config.max_seq_len)
         optimizers.step()
         optimizers.zero_grad()
         if step >= warmup:

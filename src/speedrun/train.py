@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from speedrun import __version__
-from speedrun.data.loader import BosAlignedBatches, MicroBatch, padded_cu_seqlens, to_torch, validation_batches
+from speedrun.data.loader import BosAlignedBatches, padded_cu_seqlens, to_torch, validation_batches
+from speedrun.data.prefetch import StepPrefetcher
 from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import Optimizers, build_optimizers
@@ -104,16 +105,16 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
         offset += t.numel()
 
 
-def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[MicroBatch],
+def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
                device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
                self_reduced: frozenset[int] = frozenset()) -> float:
-    """Forward and backward over this rank's ``micro_batches`` (gradients accumulate, each loss divided by
-    their number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks,
-    except the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters
-    those itself). Returns the step's mean train loss."""
+    """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
+    as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
+    number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
+    the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters those
+    itself). Returns the step's mean train loss."""
     total = torch.zeros((), dtype=torch.float32, device=device)
-    for mb in micro_batches:
-        inputs, targets, cu_seqlens = to_torch(mb, device)
+    for inputs, targets, cu_seqlens in micro_batches:
         with autocast():
             loss = forward(inputs, targets, cu_seqlens, max_seq_len)
         (loss / len(micro_batches)).backward()
@@ -179,6 +180,26 @@ class _Run:
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
         self.result = RunResult()
+        self.prefetch: StepPrefetcher | None = None
+
+    def step_batches(self, step: int) -> list[Batch]:
+        """This rank's micro-batches of ``step`` on the device, prepared one step ahead by a
+        :class:`speedrun.data.prefetch.StepPrefetcher` (started at the first step asked for)."""
+        if self.prefetch is None:
+            cfg = self.config
+
+            def shape_at(s: int) -> tuple[int, int]:
+                tokens, max_seq_len = cfg.batch_at(s)
+                return tokens // cfg.micro_batches, max_seq_len
+
+            self.prefetch = StepPrefetcher(self.batches, cfg.steps, shape_at, cfg.micro_batches,
+                                           self.launch.rank, self.launch.world_size, self.device)
+        return self.prefetch.get(step)
+
+    def close(self) -> None:
+        """Stop the prefetching thread, if one runs."""
+        if self.prefetch is not None:
+            self.prefetch.close()
 
     def _compiled(self) -> Callable[..., torch.Tensor]:
         """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
@@ -218,10 +239,8 @@ class _Run:
         if step == cfg.untie_step and self.model.tied:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
-        tokens, max_seq_len = cfg.batch_at(step)
-        if (tokens // cfg.micro_batches, max_seq_len) != (self.batches.micro_batch_tokens, self.batches.max_seq_len):
-            self.batches.set_batch(tokens // cfg.micro_batches, max_seq_len)
-        mine = self.batches.next_step(cfg.micro_batches, self.launch.rank, self.launch.world_size)
+        max_seq_len = cfg.batch_at(step)[1]
+        mine = self.step_batches(step)
         loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.self_reduced_parameters())
         if math.isfinite(loss):
@@ -302,14 +321,17 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     header = _header(config, variant, seed, launch, device, data)
     with process_group(launch, device):
         log = RunLog(log_path if launch.rank == 0 else None)
-        written = False
+        written, run = False, None
         try:
             run = _Run(config, seed, data, device, launch, log)
             header["compile_s"] = f"{run.warm_up():.1f}"
             _write_header(log, header)
             written = True
             result = run.run()
+            run.close()
         except BaseException as e:
+            if run is not None:
+                run.close()
             if not written:
                 _write_header(log, header)
             log.write(peak_memory_line(*peak_memory_mib(device)))
