@@ -4,7 +4,7 @@
 #   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20 (+ profile), cold then warm start
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 30 steps: the issue 4 floor (572K tokens/s)
-#   bash benchmarks/h200_session.sh ablations  # full set without FP8 / without paired heads / with varlen, 20 steps each
+#   bash benchmarks/h200_session.sh ablations  # full set without FP8 / paired heads, with varlen / CUDA graphs, 20 steps each
 # Figures go to $OUT (figures.jsonl, logs, profile tables).
 set -euo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -46,6 +46,8 @@ ablations)
                 varlen:'{"cross_entropy":"full","attention_backend":"varlen"}'; do
         $BENCH --config benchmarks/configs/h200-race.yaml --name "${name%%:*}" $Q --set "model=${name#*:}" \
             2>&1 | tee "$OUT/${name%%:*}.out"
-    done ;;
+    done
+    $BENCH --config benchmarks/configs/h200-race.yaml --name cuda-graphs $Q --set compile_mode='"reduce-overhead"' \
+        2>&1 | tee "$OUT/cuda-graphs.out" ;;
 *) echo "unknown part $1" >&2; exit 2 ;;
 esac

@@ -33,6 +33,7 @@ def test_train_config_from_dict_and_derived_settings():
     ({"steps": "60"}, "train.steps must be an integer"),
     ({"steps": True}, "train.steps must be an integer"),
     ({"compile": "yes"}, "train.compile must be true or false"),
+    ({"compile_mode": "fast"}, "train.compile_mode must be one of"),
     ({"device": "tpu"}, "train.device must be one of cpu, cuda, auto"),
     ({"orthogonalizer": "svd"}, "train.orthogonalizer must be one of"),
     ({"cooldown_frac": 1.5}, "train.cooldown_frac must be a number in"),

@@ -205,7 +205,8 @@ class _Run:
         """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
         batch shape, window setting and tie state is one graph; the recompile limit leaves room for them."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        return torch.compile(self.model, dynamic=False)
+        mode = None if self.config.compile_mode == "default" else self.config.compile_mode
+        return torch.compile(self.model, dynamic=False, mode=mode)
 
     def evaluate(self, batches: list[Batch], world_size: int) -> float:
         """:func:`evaluate` with the model in evaluation mode (no FP8), back in training mode after."""

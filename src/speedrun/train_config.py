@@ -22,6 +22,7 @@ from speedrun.optim.schedules import batch_stages, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["float32", "bfloat16"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,10 @@ class TrainConfig:
     the model's ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its
     Adam state (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix
     products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model (one static-shape graph
-    per batch shape, window setting and tie state, all compiled in the untimed warm-up). ``batch_schedule``:
+    per batch shape, window setting and tie state, all compiled in the untimed warm-up); ``compile_mode``: the
+    ``torch.compile`` mode, ``default`` as in the public records (their rules ban other compile flags);
+    ``reduce-overhead`` replays CUDA graphs (less launch overhead), ``max-autotune-no-cudagraphs`` tunes the
+    matrix products (longer compile): for measuring, not for record runs. ``batch_schedule``:
     the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
     the steps; when set it replaces ``tokens_per_step`` and ``max_seq_len`` (empty: constant).
 
@@ -73,6 +77,7 @@ class TrainConfig:
     world_size: int = 1
     device: DeviceChoice = "cpu"
     compile: bool = False
+    compile_mode: CompileMode = "default"
     dtype: ComputeDtype = "bfloat16"
     embed_lr: float = 0.6
     head_lr: float = 0.008
@@ -126,6 +131,7 @@ class TrainConfig:
             _check_number("normuon_beta2", self.normuon_beta2, 0.0, 1.0, open_high=True)
         _check_choice("device", self.device, get_args(DeviceChoice))
         _check_choice("dtype", self.dtype, get_args(ComputeDtype))
+        _check_choice("compile_mode", self.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
