@@ -78,6 +78,9 @@ def test_new_parameters_get_their_optimizer_kinds_and_settings_are_checked():
                                             "value_embed_layers": [1], "tie_embed_head": True}))
     kinds = model.parameter_kinds()
     assert kinds["value_embeds.tables.0.weight"] == "embed"
+    assert kinds["embed.weight"] == kinds["lm_head.weight"] == "head"      # tied: the head's Adam settings
+    untied = GPT(build_model_config("tiny", {"n_layer": 1}))
+    assert untied.parameter_kinds()["embed.weight"] == "embed"
     assert kinds["smear.gate"] == kinds["smear.lambda_"] == kinds["blocks.0.lambdas"] == "scalar"
     assert model.lm_head.weight.std().item() == pytest.approx(0.005, rel=0.05)
     with pytest.raises(SpeedrunError, match="value_embed_layers"):

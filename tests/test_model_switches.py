@@ -302,5 +302,6 @@ def test_preset_parameter_counts_by_hand():
                                                               "mlp.proj")}
     assert kinds["blocks.0.attn.gate.weight"] == "scalar" and kinds["skips.lambda_"] == "scalar"
     assert kinds["bigram.table"] == "embed" and kinds["bigram.gates"] == "scalar"
-    assert record28.blocks[7].attn is None and kinds["embed.weight"] == "embed"
+    assert record28.blocks[7].attn is None and kinds["embed.weight"] == "head"          # tied to the head
+    assert record28.parameter_kinds()["embed.weight"] == "embed"                        # untied throughout
     assert wide.bigram.signs.shape == (8192, 768) and wide.bigram.signs.device.type == "cpu"

@@ -180,10 +180,15 @@ class GPT(nn.Module):
         """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the
         2-D projection weights inside blocks, for Muon) or ``scalar`` (everything else: lower-dimensional
         parameters inside blocks, the attention gates' (H, 12) weights, smear, the bigram gates and the skip
-        weights). Raises ``ValueError`` for a parameter it does not know."""
+        weights). With ``config.tie_embed_head`` the token embedding is of kind ``head``: it starts as the
+        head's copy and, once untied, trains with the head's Adam settings, as in the record (speedrun-spec.md
+        3.3: embed and lm_head share lr 0.008 and betas; value and bigram tables 75x that lr). Raises
+        ``ValueError`` for a parameter it does not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
-            if name.startswith(("embed.", "value_embeds.", "bigram.table")):
+            if name == "embed.weight" and self.config.tie_embed_head:
+                kinds[name] = "head"
+            elif name.startswith(("embed.", "value_embeds.", "bigram.table")):
                 kinds[name] = "embed"
             elif name.startswith(("smear.", "bigram.gates", "skips.")):
                 kinds[name] = "scalar"
