@@ -99,3 +99,13 @@ def test_schedule_settings_reach_the_schedule_config():
 def test_bad_schedule_settings_are_named(settings, match):
     with pytest.raises(SpeedrunError, match=match):
         TrainConfig.from_dict(settings)
+
+
+def test_cuda_only_attention_backends_are_refused_on_a_cpu():
+    with pytest.raises(SpeedrunError, match="attention_backend 'flex' trains on CUDA only"):
+        TrainConfig.from_dict({"preset": "record28"})
+    with pytest.raises(SpeedrunError, match="'varlen' trains on CUDA only"):
+        TrainConfig.from_dict({"model": {"attention_backend": "varlen"}})
+    assert TrainConfig.from_dict({"preset": "gpt124m", "device": "cuda"}).device == "cuda"
+    cpu = TrainConfig.from_dict({"preset": "gpt124m", "model": {"attention_backend": "sdpa_docs"}})
+    assert cpu.model_config().attention_backend == "sdpa_docs"

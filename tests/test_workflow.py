@@ -231,3 +231,23 @@ def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config)
         _write_config(workflow, micro_config)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "seeds" in out and "non-unique" in out
+
+
+def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_path):
+    """`snakemake -n` stops, naming the variant and the config files, before anything runs: a misspelt
+    training key of one variant, a CUDA-only backend on a CPU, document paths that match no file."""
+    cases = {
+        "typo.yaml": ("variants:\n  v: {seeds: [0], train: {muon_learning_rate: 0.04}}\nstats: {baseline: v}\n",
+                      "typo.yaml: variant 'v': unknown training setting 'muon_learning_rate'"),
+        "flex.yaml": ("variants:\n  v: {seeds: [0], train: {preset: record28}}\nstats: {baseline: v}\n",
+                      "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
+        "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",
+                       "files.yaml: data.files.paths \\['nonexistent/\\*.txt'\\] match no file"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"),
+                               "-d", str(tmp_path), "--configfile", str(ROOT / "config.yaml"), name],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode != 0
+        assert re.search(message, done.stdout + done.stderr), (name, (done.stdout + done.stderr)[-2000:])

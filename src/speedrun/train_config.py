@@ -16,8 +16,7 @@ from typing import Any, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig, build_model_config
-from speedrun.optim.groups import OptimConfig, ScheduleConfig
-from speedrun.optim.orthogonalize import ORTHOGONALIZERS
+from speedrun.optim.config import ORTHOGONALIZERS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
@@ -135,9 +134,16 @@ class TrainConfig:
         _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
-        self.model_config()
+        self._check_device()
         self._check_schedules()
         self._check_divisions()
+
+    def _check_device(self) -> None:
+        backend = self.model_config().attention_backend
+        if self.device == "cpu" and backend in ("flex", "varlen"):
+            raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (torch has no CPU "
+                                f"backward for it), and train.device is 'cpu': set train.device: cuda, or "
+                                f"train.model: {{attention_backend: sdpa_docs}} on a CPU")
 
     def _check_schedules(self) -> None:
         schedule = self.window_schedule

@@ -6,8 +6,10 @@ import sys
 
 from snakemake.utils import validate
 
+from speedrun.errors import SpeedrunError
 from speedrun.planning import check_training_data
 from speedrun.sources import module_files
+from speedrun.train_config import TrainConfig
 
 
 validate(config, schema="../schemas/config.schema.yaml")
@@ -16,13 +18,20 @@ validate(config, schema="../schemas/config.schema.yaml")
 # jobs find them there when that environment is not activated (appended: a PATH entry the user put first wins).
 os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
 
+# The files this config came from, for messages: config.yaml and any --configfile (later ones win).
+def _shown_path(path):
+    relative = os.path.relpath(str(path))
+    return str(path) if relative.startswith("..") else relative
+
+
+CONFIG_FILES = " + ".join(_shown_path(f) for f in workflow.configfiles) or "config.yaml"
 DATASET = config["data"]["name"]
 VARIANTS = list(config["variants"])
 BASELINE = config["stats"]["baseline"]
 
 if BASELINE not in config["variants"]:
     raise ValueError(
-        f"config.yaml: stats.baseline is {BASELINE!r}, which is not a variant; "
+        f"{CONFIG_FILES}: stats.baseline is {BASELINE!r}, which is not a variant; "
         f"expected one of the keys of `variants`: {', '.join(VARIANTS)}"
     )
 CANDIDATES = [v for v in VARIANTS if v != BASELINE]
@@ -62,8 +71,22 @@ def merge(base, overrides):
 def get_train_config(variant):
     """The resolved training settings of `variant`: the shared `train` section with its overrides."""
     if variant not in config["variants"]:
-        raise ValueError(f"unknown variant {variant!r}: config.yaml `variants` has {', '.join(VARIANTS)}")
+        raise ValueError(f"unknown variant {variant!r}: {CONFIG_FILES} `variants` has {', '.join(VARIANTS)}")
     return merge(config["train"], config["variants"][variant].get("train", {}))
+
+
+def check_train_settings():
+    """Refuse, before anything runs, a variant whose training settings `speedrun train` would refuse (an
+    unknown or misspelt key, a wrong value, a batch that does not divide), naming the variant."""
+    for variant in VARIANTS:
+        settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
+        try:
+            TrainConfig.from_dict(settings)
+        except SpeedrunError as e:
+            raise ValueError(f"{CONFIG_FILES}: variant {variant!r}: {e}") from None
+
+
+check_train_settings()
 
 
 def get_train_config_json(wildcards):
@@ -195,7 +218,7 @@ _checked = set()
 # The settings speedrun.planning.check_training_data reads: variants that share them (they usually differ in
 # optimizer or model settings only) share one simulation of the loader, which takes about a second at
 # FineWeb scale (3,200 steps over 2.4B tokens).
-DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens")
+DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule")
 
 
 def check_data_suffices(variant, shards_dir, bos_dir):

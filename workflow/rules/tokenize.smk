@@ -18,8 +18,14 @@ def get_document_files():
     for pattern in config["data"]["files"]["paths"]:
         files.extend(f for f in sorted(glob.glob(pattern, recursive=True)) if f not in files)
     if not files:
-        raise ValueError(f"config.yaml: data.files.paths {config['data']['files']['paths']} match no file")
+        raise ValueError(f"{CONFIG_FILES}: data.files.paths {config['data']['files']['paths']} match no file")
     return files
+
+
+# Checked now, not only when a job needs them: Snakemake does not evaluate the input functions of jobs whose
+# outputs exist, so paths matching nothing would otherwise leave earlier results standing.
+if config["data"]["source"] == "files":
+    get_document_files()
 
 
 def get_document_file(wildcards):

@@ -1,6 +1,6 @@
 """Optimizers of the speedrun GPT: Muon / NorMuon for the hidden matrices (``muon``, with the orthogonalizers
 of ``orthogonalize``, the parameter banks of ``banks``, the sharded update of ``sharding`` and the annealed
 Langevin noise of ``langevin``), AdamW or cautious Adam for embeddings, head and scalars (``adam``), their
-assembly from a model's labelled parameters (``groups``) and the step schedules (``schedules``). Importing
-this package imports nothing.
+settings (``config``, importable without torch), their assembly from a model's labelled parameters
+(``groups``) and the step schedules (``schedules``). Importing this package imports nothing.
 """

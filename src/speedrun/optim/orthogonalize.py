@@ -16,12 +16,10 @@ of matrices (..., rows, cols) is processed in one batch (the parameter banks of 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 
-Orthogonalizer = Literal["newton_schulz", "polar_express"]
-ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
+from speedrun.optim.config import ORTHOGONALIZERS, Orthogonalizer
+
 
 NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NEWTON_SCHULZ_STEPS = 5

@@ -1,0 +1,62 @@
+"""The optimizers' settings as plain data (no torch import, so that the workflow can check a config at
+planning time): :class:`OptimConfig`, :class:`ScheduleConfig` and the orthogonalizer names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Orthogonalizer = Literal["newton_schulz", "polar_express"]
+ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`).
+
+    ``weight_decay``: Muon's weight decay (speedrun-spec.md 3.2: 1.2); ``adam_weight_decay``: Adam's
+    (speedrun-spec.md 3.3: 0.005), separate since both are tuned apart.
+    ``normuon_beta2``: None for plain Muon, else NorMuon's variance normalization (records #41-#48: 0.9).
+    ``cautious_weight_decay``: cautious decay in Muon (record #43) and Adam (record #50) instead of
+    decoupled decay.
+    ``langevin_noise``: σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; see
+    :mod:`speedrun.optim.langevin`), drawn from ``langevin_seed`` (give each seed of a multi-seed run its
+    own).
+    ``shard_muon``: shard Muon's update over the ranks when torch.distributed runs with world size > 1
+    (speedrun-spec.md 3.4); Muon then averages its gradients itself
+    (:meth:`speedrun.optim.groups.Optimizers.self_reduced_parameters`)."""
+
+    embed_lr: float = 0.6
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    adam_betas: tuple[float, float] = (0.8, 0.95)
+    adam_eps: float = 1e-10
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    weight_decay: float = 0.0
+    adam_weight_decay: float = 0.0
+    orthogonalizer: Orthogonalizer = "polar_express"
+    normuon_beta2: float | None = None
+    cautious_weight_decay: bool = False
+    langevin_noise: float = 0.0
+    langevin_seed: int = 0
+    shard_muon: bool = True
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The step schedules (see :mod:`speedrun.optim.schedules`).
+
+    ``lr_stage_multipliers``: one lr multiplier per equal stage of the steps (speedrun-spec.md 3.5: 1.0,
+    1.52, 1.73); empty: 1.0. ``momentum_cooldown_steps``: Muon's momentum falls back from
+    ``momentum_end`` to ``momentum_start`` over these last steps (the record: 50); 0: no cooldown."""
+
+    steps: int
+    cooldown_frac: float
+    lr_floor: float
+    momentum_warmup_steps: int
+    momentum_start: float = 0.85
+    momentum_end: float = 0.95
+    lr_stage_multipliers: tuple[float, ...] = ()
+    momentum_cooldown_steps: int = 0
