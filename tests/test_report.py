@@ -93,7 +93,8 @@ def test_summary_lists_warnings_verdicts_rules_runs_and_provenance(runs, paths):
     assert "| baseline | 3 | 20 | 6.2000 | 0.1414 | 0.0032 | yes | 3 / 4 | 62.00 | 1.41 |" in text
     note = "n=1: a t-test needs at least 2 complete runs per sample"
     assert f"| candidate | 1 | 20 | 5.9000 | – | – ({note}) | – | – |" in text
-    assert "-0.3000 [-0.5000, -0.1000]" in text and "| **1 violated** |" in text
+    assert "-0.3000 [-0.5000, -0.1000]" in text
+    assert "| **1 violated** | no: target not decided, not faster (p=0.04), rules violated |" in text
     assert "| GPUs | **VIOLATION** | GPU model and count differs |" in text
     assert "candidate seed 1 (diverged)" in text and "**1 incomplete run(s)**" in text
     provenance = text.split("## Provenance", 1)[1]
@@ -159,3 +160,14 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
         assert png_ok(out / name), name
     assert len(pd.read_csv(out / "runs.csv")) == 5
     assert "## Provenance" in (out / "summary.md").read_text()
+
+
+def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_within_the_rules():
+    from speedrun.analysis.report_tables import comparison_verdict
+
+    clean = {**COMPARISON, "rules": [{"rule": "GPUs", "status": "ok", "detail": ""}]}
+    assert comparison_verdict(clean, True, 0.05) == "**yes**"
+    assert comparison_verdict(clean, True, 0.01) == "no: not faster (p=0.04)"
+    assert comparison_verdict(clean, False, 0.05) == "no: does not reach the target"
+    assert comparison_verdict({**clean, "train_time": {}}, True, 0.05) == "no: not faster (p=–)"
+    assert comparison_verdict(COMPARISON, True, 0.05) == "no: rules violated"

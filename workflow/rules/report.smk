@@ -7,12 +7,12 @@ rule report:
         summary=report(
             "results/report/summary.md",
             caption="../report/summary.rst",
-            category="Statistics",
+            category="Tables",  # not "Statistics": the report defines that name for its own panel
         ),
         runs=report(
             "results/report/runs.csv",
             caption="../report/runs.rst",
-            category="Statistics",
+            category="Tables",  # not "Statistics": the report defines that name for its own panel
         ),
         val_loss=report(
             "results/report/val_loss.png",

@@ -36,12 +36,16 @@ def _p_cell(g: Mapping[str, Any]) -> str:
     return f"{_fmt_p(g.get('p_value'))} ({note})" if note else _fmt_p(g.get("p_value"))
 
 
-def _verdict(g: Mapping[str, Any], alpha: float) -> str:
+def _reaches(g: Mapping[str, Any], alpha: float) -> bool | None:
     if "reaches_target" in g:
-        value = g["reaches_target"]
-        return DASH if value is None else ("yes" if value else "no")
+        return g["reaches_target"]
     p = g.get("p_value")
-    return DASH if p is None else ("yes" if p < alpha else "no")
+    return None if p is None else p < alpha
+
+
+def _verdict(g: Mapping[str, Any], alpha: float) -> str:
+    value = _reaches(g, alpha)
+    return DASH if value is None else ("yes" if value else "no")
 
 
 def _runs_needed(g: Mapping[str, Any]) -> str:
@@ -69,10 +73,29 @@ def variants_lines(summary: Sequence[Mapping[str, Any]], alpha: float) -> list[s
     return md_table(header, rows)
 
 
-def render_comparisons(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Table of the candidate-vs-baseline Welch tests, then each candidate's rules check."""
+def comparison_verdict(c: Mapping[str, Any], reaches_target: bool | None, alpha: float) -> str:
+    """Whether the candidate would make a record against this baseline (the record rules, speedrun-spec.md
+    7): it reaches the target itself (``reaches_target``, its one-sample test), its train_time is lower with
+    Welch p < ``alpha``, and no rule of the comparison is violated. Otherwise ``no:`` and every reason."""
+    reasons = []
+    if not reaches_target:
+        reasons.append("does not reach the target" if reaches_target is not None else "target not decided")
+    p_time = (c.get("train_time") or {}).get("p_value")
+    if p_time is None or not p_time < alpha:
+        reasons.append(f"not faster (p={_fmt_p(p_time)})")
+    if any(r["status"] == "violation" for r in c.get("rules", [])):
+        reasons.append("rules violated")
+    return "**yes**" if not reasons else "no: " + ", ".join(reasons)
+
+
+def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
+                       summary: Sequence[Mapping[str, Any]] = (), alpha: float = 0.01) -> list[str]:
+    """Table of the candidate-vs-baseline Welch tests with the verdict (:func:`comparison_verdict`; whether
+    a candidate reaches the target comes from its group in ``summary``), then each candidate's rules
+    check."""
+    reaches = {g["group"]: _reaches(g, alpha) for g in summary}
     header = ["candidate", "n (base/cand)", "Δ val_loss (cand − base) [95% CI]", "p (cand lower)",
-              "Δ train_time s [95% CI]", "p (cand faster)", "speedup", "rules"]
+              "Δ train_time s [95% CI]", "p (cand faster)", "speedup", "rules", "beats the baseline"]
     rows = []
     for c in comparisons:
         v, t = c["val_loss"], c["train_time"]
@@ -84,7 +107,8 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]]) -> list[str]:
                      _fmt_p(v.get("p_value")),
                      f"{_fmt(t.get('difference'), 2)} [{_fmt(t.get('ci_low'), 2)}, {_fmt(t.get('ci_high'), 2)}]",
                      _fmt_p(t.get("p_value")),
-                     f"{_fmt(speedup.get('seconds'), 2)} s ({_fmt(speedup.get('percent'), 1)}%)", rules])
+                     f"{_fmt(speedup.get('seconds'), 2)} s ({_fmt(speedup.get('percent'), 1)}%)", rules,
+                     comparison_verdict(c, reaches.get(c["candidate"]), alpha)])
     lines = md_table(header, rows)
     for c in comparisons:
         if c.get("rules"):
@@ -121,7 +145,8 @@ def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[M
         lines += ["## Warnings", ""] + warnings + [""]
     lines += ["## Variants", ""] + variants_lines(summary, alpha)
     lines += ["", f"## Candidates against the baseline ({baseline})", ""]
-    lines += render_comparisons(comparisons) if comparisons else ["No candidate variant is configured."]
+    lines += (render_comparisons(comparisons, summary, alpha) if comparisons
+              else ["No candidate variant is configured."])
     lines += ["", "## Runs", ""] + runs_lines(runs)
     table = provenance_table(records, [f"{r.get('variant', '')} {run_label(str(r.get('file', '')))}" for r in records])
     if table:
