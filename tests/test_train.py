@@ -309,11 +309,12 @@ def test_warm_up_covers_every_stage_start_and_the_untie_step():
 
 def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):
     shards, bos = synthetic
-    cfg = TrainConfig.from_dict({**QUICK, "steps": 8, "val_every": 0,
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 8, "val_every": 0, "tokens_per_step": 4096,
                                  "batch_schedule": [[256, 64], [512, 128]]})
     result = run_training(cfg, variant="b", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "b.txt",
                           env={})
     assert result.status == "complete"
+    assert read_record(tmp_path / "b.txt").tokens_per_step == 512        # the last stage's, not the setting
     val = [x for _, kind, x in result.losses if kind == "val"]
     assert val[-1] < val[0] - 1.0
 

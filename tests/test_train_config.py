@@ -70,10 +70,12 @@ def test_batch_schedule_stages_and_totals():
     assert cfg.train_tokens() == 3 * 256 + 3 * 512 + 3 * 1024
     assert cfg.micro_batch_tokens == 128
     assert TrainConfig.from_dict(QUICK).train_tokens() == 6 * 512
-    with pytest.raises(SpeedrunError, match="tokens_per_step 255 is not a multiple"):
+    with pytest.raises(SpeedrunError, match="train.batch_schedule: tokens_per_step 255 is not a multiple"):
         TrainConfig.from_dict({**QUICK, "batch_schedule": [[255, 64]]})
     with pytest.raises(SpeedrunError, match="batch_schedule must be a list"):
         TrainConfig.from_dict({**QUICK, "batch_schedule": [[256]]})
+    with pytest.raises(SpeedrunError, match="batch_schedule has 3 stages for 2 steps"):
+        TrainConfig.from_dict({**QUICK, "steps": 2, "batch_schedule": [[256, 64]] * 3})
 
 
 def test_schedule_settings_reach_the_schedule_config():

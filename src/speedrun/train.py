@@ -349,7 +349,7 @@ def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device
     settings = config.to_json()
     return {"speedrun": __version__, "variant": variant, "seed": seed, "config": settings,
             "config_sha256": sha256_text(settings), **code_version(),
-            "world_size": launch.world_size, "tokens_per_step": config.tokens_per_step,
+            "world_size": launch.world_size, "tokens_per_step": config.batch_at(config.steps - 1)[0],
             "val_tokens": config.val_tokens, "train_data_sha256": data.train_sha256,
             "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size)}
 

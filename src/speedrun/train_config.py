@@ -172,9 +172,13 @@ class TrainConfig:
         if self.micro_batches % self.world_size:
             raise SpeedrunError(f"train.micro_batches {self.micro_batches} is not a multiple of "
                                 f"train.world_size {self.world_size}")
+        if len(self.batch_schedule) > self.steps:
+            raise SpeedrunError(f"train.batch_schedule has {len(self.batch_schedule)} stages for "
+                                f"{self.steps} steps; each stage needs at least one step")
+        where = "train.batch_schedule: " if self.batch_schedule else "train."
         for _, tokens, _ in self.batch_stages():
             if tokens % self.micro_batches:
-                raise SpeedrunError(f"train.tokens_per_step {tokens} is not a multiple of "
+                raise SpeedrunError(f"{where}tokens_per_step {tokens} is not a multiple of "
                                     f"train.micro_batches {self.micro_batches}")
         if self.val_tokens % (self.val_batch_tokens * self.world_size):
             raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
