@@ -36,6 +36,20 @@ def results_rows(base: "GroupStats", cand: "GroupStats", c: "Comparison",
     return rows
 
 
+def not_a_record_reasons(cand: "GroupStats", c: "Comparison") -> list[str]:
+    """Why the candidate would not make a record against this baseline (empty when it would): it must reach
+    the target itself (p < alpha), be faster than the baseline (Welch p < alpha) and violate no rule."""
+    reasons = []
+    if not cand.reaches_target:
+        reasons.append(f"does not reach the target {cand.target:g} (p = {fmt_p(cand.test.p_value)})")
+    p_time = c.train_time.p_value
+    if p_time is None or not p_time < cand.alpha:
+        reasons.append(f"is not faster than the baseline at p < {cand.alpha:g} (p = {fmt_p(p_time)})")
+    if any(r.status == "violation" for r in c.rules):
+        reasons.append("violates a rule (below)")
+    return reasons
+
+
 def _accounting(s: "GroupStats", side: str) -> str:
     g = s.group
     parts = [f"{len(g.runs)} log(s)", f"{s.val_loss.n} counted"]
@@ -71,6 +85,9 @@ def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Compar
     if bad:
         lines += [f"> **Warning: {len(bad)} rule(s) violated**: " + "; ".join(f"{r.rule} ({r.detail})" for r in bad)
                   + ".", ""]
+    reasons = not_a_record_reasons(cand, c)
+    if reasons:
+        lines += ["> **Not a record claim as it stands**: the candidate " + "; ".join(reasons) + ".", ""]
     lines += [f"Candidate `candidate/` against baseline `baseline/`: final val_loss of each complete run against "
               f"the target {target:g} (one-sided one-sample t-test, p < {alpha:g} with at least 3 runs; "
               "modded-nanogpt README, record rules) and train_time against the baseline (one-sided Welch t-test). "
