@@ -202,6 +202,10 @@ def test_bad_paths_are_errors(tmp_path):
         collect_runs([str(tmp_path / "notes.md")])
     with pytest.raises(SpeedrunError, match="holds no training logs"):
         collect_runs([str(tmp_path)])
+    (tmp_path / "outer" / "baseline").mkdir(parents=True)
+    (tmp_path / "outer" / "this_pr").mkdir()
+    with pytest.raises(SpeedrunError, match="its subfolders baseline, this_pr may: pass them"):
+        collect_runs([str(tmp_path / "outer")])
     with pytest.raises(SpeedrunError, match="no such file"):
         collect_runs([str(tmp_path / "nope")])
 

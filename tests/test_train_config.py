@@ -59,6 +59,9 @@ def test_config_argument_is_json_or_a_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(SpeedrunError, match="mapping"):
         load_config_argument(str(tmp_path / "list.yaml"))
+    (tmp_path / "workflow.yaml").write_text("data: {source: embedded}\ntrain: {steps: 3}\nvariants: {}\n")
+    with pytest.raises(SpeedrunError, match="is a workflow config .* takes the training settings alone"):
+        load_config_argument(str(tmp_path / "workflow.yaml"))
 
 
 def test_batch_schedule_stages_and_totals():

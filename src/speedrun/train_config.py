@@ -291,6 +291,10 @@ def load_config_argument(value: str) -> dict[str, Any]:
         raise SpeedrunError(f"--config: cannot parse {value[:80]!r}: {e}") from None
     if not isinstance(loaded, dict):
         raise SpeedrunError(f"--config must hold a mapping of training settings, got {type(loaded).__name__}")
+    if "train" in loaded and "variants" in loaded:
+        raise SpeedrunError(f"--config {value[:80]!r} is a workflow config (data, train, variants, ...): "
+                            "`speedrun train` takes the training settings alone, i.e. its `train` section with "
+                            "a variant's overrides (the workflow passes exactly that)")
     return loaded
 
 

@@ -210,7 +210,10 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
             else:
                 runs.append(run)
         if not runs and not known:
-            raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files")
+            subfolders = sorted(e.name for e in os.scandir(arg) if e.is_dir()) if os.path.isdir(arg) else []
+            hint = (f"; its subfolders {', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''} may: "
+                    "pass them (one group each)" if subfolders else "")
+            raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files{hint}")
     originals = iter(find_duplicates([r for runs in found.values() for r in runs]))
     groups = []
     for path, runs in found.items():
