@@ -62,10 +62,10 @@ def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_frac
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     variants = list(dict.fromkeys(curves["variant"]))
     colors = _colors(variants)
-    zoom_from = _zoom_from(curves["step"], zoom_last_fraction)
     for ax, zoom in zip(axes, (False, True)):
         for (variant, seed), run in curves.groupby(["variant", "seed"], sort=False, dropna=False):
-            part = run[run["step"] >= zoom_from] if zoom else run
+            # each run's own last part: a shorter (or truncated) run is zoomed too, not dropped
+            part = run[run["step"] >= _zoom_from(run["step"], zoom_last_fraction)] if zoom else run
             label = variant if seed == curves[curves["variant"] == variant]["seed"].iloc[0] else None
             ax.plot(part["step"], part["val_loss"], color=colors[variant], alpha=0.8, marker=".", label=label)
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
@@ -73,8 +73,8 @@ def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_frac
         ax.set_ylabel("val_loss")
         ax.grid(alpha=0.3)
     axes[0].set_title("val_loss, every run")
-    axes[1].set_title(f"last {zoom_last_fraction:.0%} of training")
-    axes[0].legend()
+    axes[1].set_title(f"last {zoom_last_fraction:.0%} of each run")
+    axes[0].legend(loc="upper right")      # the curves fall: the upper right corner is where none runs
     fig.tight_layout()
     _save(fig, out)
 
