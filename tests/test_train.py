@@ -307,6 +307,21 @@ def test_warm_up_covers_every_stage_start_and_the_untie_step():
     assert warm_up_steps(TrainConfig.from_dict(QUICK)) == [0]
 
 
+
+def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
+    from speedrun.train import validation_steps, warm_up_plan
+
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 3,
+                                 "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
+                                 "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9,
+                                 "final_window_long_blocks": 4})
+    assert validation_steps(cfg) == [0, 3, 6, 9, 12]
+    # windows (1,1) until 4, (1,2) until 8, (2,3) after; validation at 9 is still tied, training at 9 is not
+    assert warm_up_plan(cfg) == [(0, "val"), (0, "train"), (4, "train"), (6, "val"), (8, "train"), (9, "val"),
+                                 (9, "train"), (12, "val")]
+    assert warm_up_plan(TrainConfig.from_dict({**QUICK, "val_every": 0})) == [(0, "val"), (0, "train")]
+
+
 def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):
     shards, bos = synthetic
     cfg = TrainConfig.from_dict({**QUICK, "steps": 8, "val_every": 0, "tokens_per_step": 4096,

@@ -147,6 +147,26 @@ def _dummy_batch(tokens: int, device: torch.device) -> Batch:
             torch.zeros(tokens, dtype=torch.int64, device=device), cu_seqlens)
 
 
+def validation_steps(config: TrainConfig) -> list[int]:
+    """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``)."""
+    every = set(range(0, config.steps, config.val_every)) if config.val_every else set()
+    return sorted({0, config.steps} | every)
+
+
+def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
+    """``(step, "val" | "train")`` in the order the run meets them, one per graph the run compiles: the
+    training steps of :func:`warm_up_steps`, and the first validation step of every distinct (windows, tie)
+    state. Replayed in this order, the windows grow (and YaRN rescales) exactly as in the run, so each graph
+    is compiled with the values it will see."""
+    seen, val = set(), []
+    for step in validation_steps(config):
+        key = (config.window_blocks_at(step), config.untie_step is None or step <= config.untie_step)
+        if key not in seen:
+            seen.add(key)
+            val.append((step, "val"))
+    return sorted(val + [(step, "train") for step in warm_up_steps(config)], key=lambda p: (p[0], p[1] == "train"))
+
+
 def warm_up_steps(config: TrainConfig) -> list[int]:
     """The steps whose graphs an untimed warm-up compiles: 0, each batch-size and window stage start, the
     untie step (records since #21 warm up on the steps where a shape or a schedule changes)."""
@@ -254,25 +274,27 @@ class _Run:
     def warm_up(self) -> float:
         """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
 
-        Runs a forward and backward on dummy micro-batches for each of :func:`warm_up_steps` (with that
-        step's batch shape, windows and tie state) and the validation forward with the final windows, so
-        that no graph is compiled inside the timed region; then puts back the schedule state (windows,
-        YaRN frequencies and scale, tie) and clears the gradients. No parameter changes."""
+        Replays :func:`warm_up_plan`: a forward and backward on dummy micro-batches for each training step
+        in it (with that step's batch shape, windows and tie state) and a validation forward on one chunk for
+        each validation step in it, so that no graph is compiled during the run; then puts back the schedule
+        state (windows, YaRN frequencies and scale, tie) and clears the gradients. No parameter changes."""
         start = _now()
         if not self.config.compile:
             return 0.0
         model, cfg = self.model, self.config
         saved = (model.window_blocks, model.rotary_frequencies.clone(), model.attention_scale, model.tied)
-        for step in warm_up_steps(cfg):
+        for step, kind in warm_up_plan(cfg):
             self.set_windows(step)
-            model.tied = saved[3] and (cfg.untie_step is None or step < cfg.untie_step)
+            untied_before = cfg.untie_step is not None and (step > cfg.untie_step or (
+                step == cfg.untie_step and kind == "train"))
+            model.tied = saved[3] and not untied_before
+            if kind == "val":
+                self.evaluate(self.val[:1], world_size=1)
+                continue
             tokens, max_seq_len = cfg.batch_at(step)
             inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
             with self.autocast():
                 self.forward(inputs, targets, cu_seqlens, max_seq_len).backward()
-        for step in sorted({0, cfg.steps}):
-            self.set_windows(step)
-            self.evaluate(self.val[:1], world_size=1)
         model.window_blocks, model.attention_scale, model.tied = saved[0], saved[2], saved[3]
         model.rotary_frequencies.copy_(saved[1])
         model.zero_grad(set_to_none=True)
