@@ -180,3 +180,19 @@ def test_a_parameter_without_a_kind_or_with_an_unknown_kind_is_refused():
         split_parameters(model, {**model.kinds(), "blocks.0.bias": "other"})
     with pytest.raises(ValueError, match="2-D"):
         build_optimizers(model, {**model.kinds(), "blocks.0.bias": "matrix"}, OptimConfig())
+
+
+def test_mlp_output_matrices_get_their_own_muon_lr():
+    from speedrun.model.config import build_model_config
+    from speedrun.model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(build_model_config("tiny", {"n_layer": 2, "vocab_size": 64}))
+    opts = build_optimizers(model, model.parameter_kinds(), OptimConfig(muon_lr=0.02, mlp_proj_lr_mul=4.0))
+    muon = opts.optimizers[-1]
+    by_lr = {g["initial_lr"]: {n for n, p in model.named_parameters() if any(p is q for q in g["params"])}
+             for g in muon.param_groups}
+    assert by_lr[0.08] == {"blocks.0.mlp.proj.weight", "blocks.1.mlp.proj.weight"}
+    assert "blocks.0.mlp.fc.weight" in by_lr[0.02] and len(by_lr[0.02]) == 10
+    single = build_optimizers(model, model.parameter_kinds(), OptimConfig(muon_lr=0.02))
+    assert [g["initial_lr"] for g in single.optimizers[-1].param_groups] == [0.02]

@@ -40,7 +40,9 @@ class TrainConfig:
     decoupled or, with ``cautious_weight_decay``, cautious (records #43, #50); ``langevin_noise``: the initial
     scale of NorMuon's annealed Langevin noise (2026-06-11 record; 0: off, :mod:`speedrun.optim.langevin`),
     seeded by the run's seed; ``shard_muon``: on several ranks, each rank updates a slice of every bank of
-    matrices (reduce-scatter, update, all-gather; speedrun-spec.md 3.4).
+    matrices (reduce-scatter, update, all-gather; speedrun-spec.md 3.4); ``mlp_proj_lr_mul``: an extra lr
+    factor for the MLP output matrices (the record's 4: it stores them as (4C, C), shape factor 2, and doubles
+    that, speedrun-spec.md 3.2; ours are (C, 4C), shape factor 1).
     LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
     in ``lr_stage_multipliers``, one per equal stage of the steps (the record's 1.0, 1.52, 1.73 with its three
     batch-size stages; empty: 1.0 throughout), then over the last ``cooldown_frac`` of the steps linear from
@@ -90,6 +92,7 @@ class TrainConfig:
     adam_weight_decay: float = 0.0
     langevin_noise: float = 0.0
     shard_muon: bool = True
+    mlp_proj_lr_mul: float = 1.0
     cooldown_frac: float = 0.4
     lr_floor: float = 0.0
     lr_stage_multipliers: tuple[float, ...] = ()
@@ -109,7 +112,7 @@ class TrainConfig:
         _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
         _check_int("momentum_cooldown_steps", self.momentum_cooldown_steps, 0)
         for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
-                     "langevin_noise"):
+                     "langevin_noise", "mlp_proj_lr_mul"):
             _check_number(name, getattr(self, name), 0.0, math.inf)
         for name in ("cooldown_frac", "lr_floor"):
             _check_number(name, getattr(self, name), 0.0, 1.0)
@@ -240,7 +243,7 @@ class TrainConfig:
                            weight_decay=self.weight_decay, adam_weight_decay=self.adam_weight_decay,
                            orthogonalizer=self.orthogonalizer, normuon_beta2=self.normuon_beta2,
                            cautious_weight_decay=self.cautious_weight_decay, langevin_noise=self.langevin_noise,
-                           shard_muon=self.shard_muon)
+                           shard_muon=self.shard_muon, mlp_proj_lr_mul=self.mlp_proj_lr_mul)
 
     def schedule_config(self) -> ScheduleConfig:
         return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,

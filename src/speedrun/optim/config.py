@@ -23,6 +23,8 @@ class OptimConfig:
     ``langevin_noise``: σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; see
     :mod:`speedrun.optim.langevin`), drawn from ``langevin_seed`` (give each seed of a multi-seed run its
     own).
+    ``mlp_proj_lr_mul``: Muon's lr of the MLP output matrices (parameters named ``*.mlp.proj.weight``) is
+    ``muon_lr`` times this (the record: 4, speedrun-spec.md 3.2).
     ``shard_muon``: shard Muon's update over the ranks when torch.distributed runs with world size > 1
     (speedrun-spec.md 3.4); Muon then averages its gradients itself
     (:meth:`speedrun.optim.groups.Optimizers.self_reduced_parameters`)."""
@@ -42,6 +44,7 @@ class OptimConfig:
     langevin_noise: float = 0.0
     langevin_seed: int = 0
     shard_muon: bool = True
+    mlp_proj_lr_mul: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,20 @@ def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, li
     return out
 
 
+MLP_PROJ_SUFFIX = ".mlp.proj.weight"
+
+
+def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: OptimConfig) -> list[dict]:
+    """Muon's parameter groups: the MLP output matrices (names ending in ``.mlp.proj.weight``) at
+    ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1 (speedrun-spec.md 3.2), every other matrix at
+    ``muon_lr``. Empty groups are left out."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    proj = [p for p in matrices if names[id(p)].endswith(MLP_PROJ_SUFFIX)] if config.mlp_proj_lr_mul != 1 else []
+    rest = [p for p in matrices if all(p is not q for q in proj)]
+    lr, proj_lr = config.muon_lr, config.muon_lr * config.mlp_proj_lr_mul
+    return [dict(params=ps, lr=r, initial_lr=r, kind="matrix") for ps, r in ((rest, lr), (proj, proj_lr)) if ps]
+
+
 def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
     """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
     ``weight_decay``) over the ``matrix`` ones.
@@ -106,8 +120,7 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
            "matrix": config.muon_lr}
     adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
                    for k in ADAM_KINDS if by_kind[k]]
-    muon_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
-                   for k in MUON_KINDS if by_kind[k]]
+    muon_groups = muon_param_groups(model, by_kind["matrix"], config)
     device = next(model.parameters()).device
     optimizers: list[torch.optim.Optimizer] = []
     if adam_groups:
