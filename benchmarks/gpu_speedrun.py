@@ -98,16 +98,20 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     from speedrun.train_data import load_training_data
     from speedrun.train_launch import Launch, resolve_device
 
-    device = resolve_device("cuda", 0)
+    device = resolve_device(config.device, 0)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))
     run.warm_up()
     run.train(0)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    run.clock.sync()
+    with profile(activities=activities) as prof:
         for step in (1, 2):
             run.train(step)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=80)
+        run.clock.sync()
+    run.close()
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40,
+                                      max_name_column_width=80)
     out.write_text(table)
 
 
