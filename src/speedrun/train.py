@@ -164,7 +164,8 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
         if key not in seen:
             seen.add(key)
             val.append((step, "val"))
-    return sorted(val + [(step, "train") for step in warm_up_steps(config)], key=lambda p: (p[0], p[1] == "train"))
+    train = [(step, "train") for step in warm_up_steps(config)]
+    return sorted(val + train, key=lambda p: (p[0], p[1] == "train"))    # a step's validation comes first
 
 
 def warm_up_steps(config: TrainConfig) -> list[int]:
@@ -176,6 +177,7 @@ def warm_up_steps(config: TrainConfig) -> list[int]:
     if config.untie_step is not None and config.untie_step < config.steps:
         steps.add(config.untie_step)
     return sorted(s for s in steps if s < config.steps)
+
 
 class _Run:
     """The state of one run on this rank: model, optimizers, data, clock and log."""
