@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.model.fp8 import (E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, fp8_linear, fp8_matmul, quantize,
-                                quantize_e4m3)
+from speedrun.model.fp8 import E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, fp8_linear, fp8_matmul, quantize
 from speedrun.model.loss import linear_cross_entropy
 
 # e4m3 rounds to 3 mantissa bits: relative error per element <= 2^-4; a product of two such values summed
@@ -23,12 +22,12 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def test_quantize_maps_the_largest_magnitude_to_448_and_round_trips():
     t = torch.tensor([[0.5, -3.0], [1.25, 0.0]])
-    t8, scale = quantize_e4m3(t)
+    t8, scale = quantize(t)
     assert t8.dtype == torch.float8_e4m3fn
     assert float(scale) == pytest.approx(3.0 / E4M3_MAX)
     assert float(t8.float().abs().max()) == E4M3_MAX
     torch.testing.assert_close(t8.float() * scale, t, rtol=2 ** -4, atol=0.0)
-    zeros8, zero_scale = quantize_e4m3(torch.zeros(3, 4))
+    zeros8, zero_scale = quantize(torch.zeros(3, 4))
     assert float(zero_scale) > 0 and not zeros8.float().any()
 
 

@@ -238,12 +238,10 @@ class TrainConfig:
         return None
 
     def optim_config(self) -> OptimConfig:
-        return OptimConfig(embed_lr=self.embed_lr, head_lr=self.head_lr, scalar_lr=self.scalar_lr,
-                           adam_betas=self.adam_betas, muon_lr=self.muon_lr, muon_momentum=self.muon_momentum,
-                           weight_decay=self.weight_decay, adam_weight_decay=self.adam_weight_decay,
-                           orthogonalizer=self.orthogonalizer, normuon_beta2=self.normuon_beta2,
-                           cautious_weight_decay=self.cautious_weight_decay, langevin_noise=self.langevin_noise,
-                           shard_muon=self.shard_muon, mlp_proj_lr_mul=self.mlp_proj_lr_mul)
+        """The :class:`OptimConfig` fields that are training settings of the same name (the rest, e.g.
+        ``langevin_seed``, keep their defaults)."""
+        shared = {f.name for f in dataclasses.fields(OptimConfig)} & {f.name for f in dataclasses.fields(self)}
+        return OptimConfig(**{name: getattr(self, name) for name in shared})
 
     def schedule_config(self) -> ScheduleConfig:
         return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,

@@ -65,11 +65,6 @@ def quantize(t: torch.Tensor, scale: float | None = None, dtype: torch.dtype = E
     return (t.float() / scale).clamp(-largest, largest).to(dtype), scale_t
 
 
-def quantize_e4m3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize` with a dynamic scale to e4m3 (largest finite value 448)."""
-    return quantize(t)
-
-
 def scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor
               ) -> torch.Tensor:
     """``(a8 * a_scale) @ (b8 * b_scale).T`` (M, N) bf16 from float8 a8 (M, K) and b8 (N, K), both row-major.
