@@ -106,6 +106,17 @@ def workflow(tmp_path_factory, micro_config):
     return workdir
 
 
+def _plan_with(workflow, micro_config, edit, *args, check=True):
+    """``snakemake -n *args`` with the config changed by ``edit(cfg)`` (on a deep copy), then the config put back."""
+    cfg = json.loads(json.dumps(micro_config))
+    edit(cfg)
+    _write_config(workflow, cfg)
+    try:
+        return _snakemake(workflow, "-n", *args, check=check)
+    finally:
+        _write_config(workflow, micro_config)
+
+
 def test_every_stage_wrote_its_outputs(workflow, micro_config):
     manifest = json.loads((workflow / "results/shards/shakespeare/manifest.json").read_text())
     assert manifest["shards"][0]["file"] == "shakespeare_val_000000.bin"
@@ -140,13 +151,8 @@ def test_second_run_does_nothing(workflow):
 
 
 def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["variants"]["candidate"]["train"]["muon_lr"] = 0.03
-    _write_config(workflow, cfg)
-    try:
-        proc = _snakemake(workflow, "-n", "report")
-    finally:
-        _write_config(workflow, micro_config)
+    proc = _plan_with(workflow, micro_config,
+                      lambda cfg: cfg["variants"]["candidate"]["train"].update(muon_lr=0.03), "report")
     jobs = _planned_jobs(proc)
     assert jobs["train"] == 2 and jobs["parse"] == 2
     assert "results/train/baseline" not in proc.stdout
@@ -154,26 +160,15 @@ def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
 
 
 def test_adding_a_seed_adds_one_run(workflow, micro_config):
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["variants"]["baseline"]["seeds"].append(7)
-    _write_config(workflow, cfg)
-    try:
-        proc = _snakemake(workflow, "-n", "report")
-    finally:
-        _write_config(workflow, micro_config)
+    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["variants"]["baseline"]["seeds"].append(7), "report")
     jobs = _planned_jobs(proc)
     assert jobs["train"] == 1 and "results/train/baseline/seed7.txt" in proc.stdout
     assert not {"corpus", "tokenize", "bos_index"} & jobs.keys()
 
 
 def test_changing_report_options_reruns_only_the_report(workflow, micro_config):
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["report"]["zoom_last_fraction"] = 0.25
-    _write_config(workflow, cfg)
-    try:
-        jobs = _planned_jobs(_snakemake(workflow, "-n", "report"))
-    finally:
-        _write_config(workflow, micro_config)
+    jobs = _planned_jobs(_plan_with(workflow, micro_config,
+                                    lambda cfg: cfg["report"].update(zoom_last_fraction=0.25), "report"))
     assert set(jobs) == {"report"}
 
 
@@ -200,35 +195,18 @@ def test_code_edit_reruns_the_stages_that_import_it(workflow, edited, reruns, ne
 
 
 def test_impossible_batch_is_refused_before_training(workflow, micro_config):
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["train"]["steps"] = 100000
-    _write_config(workflow, cfg)
-    try:
-        proc = _snakemake(workflow, "-n", "report", check=False)
-    finally:
-        _write_config(workflow, micro_config)
+    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["train"].update(steps=100000), "report", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "100000 steps" in out and "train shards" in out
 
 
 def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config):
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["stats"]["baseline"] = "nope"
-    _write_config(workflow, cfg)
-    try:
-        proc = _snakemake(workflow, "-n", check=False)
-    finally:
-        _write_config(workflow, micro_config)
+    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["stats"].update(baseline="nope"), check=False)
     assert proc.returncode != 0 and "stats.baseline is 'nope'" in proc.stdout + proc.stderr
 
-    cfg = json.loads(json.dumps(micro_config))
-    cfg["variants"]["baseline"]["seeds"] = [0, 0]
-    _write_config(workflow, cfg)
-    try:
-        proc = _snakemake(workflow, "-n", check=False)
-    finally:
-        _write_config(workflow, micro_config)
+    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["variants"]["baseline"].update(seeds=[0, 0]),
+                      check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "seeds" in out and "non-unique" in out
 
