@@ -144,14 +144,79 @@ def test_flex_backend_over_several_128_token_blocks_equals_reference():
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
+def _random_documents(tokens: int, g: torch.Generator) -> torch.Tensor:
+    """cu_seqlens (int32) of documents of 1 to 700 tokens filling ``tokens``, padded with two empty slots."""
+    bounds = [0]
+    while bounds[-1] < tokens:
+        bounds.append(min(tokens, bounds[-1] + int(torch.randint(1, 700, (1,), generator=g))))
+    return torch.tensor(bounds + [tokens, tokens], dtype=torch.int32)
+
+
+def _block_sets(num: torch.Tensor, idx: torch.Tensor) -> list[set[int]]:
+    return [set(idx[0, 0, r, :num[0, 0, r]].tolist()) for r in range(num.size(-1))]
+
+
+@pytest.mark.parametrize("tokens", [1024, 2048])
+@pytest.mark.parametrize("window", [None, 128, 200, 384, 1000])
+def test_document_block_mask_has_the_blocks_of_create_block_mask(tokens, window):
+    """The O(N²) block mask from per-block document ids marks the same partial and full blocks (and so
+    the same transposed ones for the backward) as FlexAttention's evaluation of all T² pairs."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from speedrun.model.attention import _document_causal_mod, document_block_mask
+
+    g = torch.Generator().manual_seed(tokens + (window or 0))
+    for _ in range(3):
+        ids = document_ids(_random_documents(tokens, g), tokens)
+        mod = _document_causal_mod(ids, window)
+        got = document_block_mask(ids, window, mod)
+        want = create_block_mask(mod, None, None, tokens, tokens, device="cpu")
+        assert _block_sets(got.kv_num_blocks, got.kv_indices) == _block_sets(want.kv_num_blocks, want.kv_indices)
+        assert (_block_sets(got.full_kv_num_blocks, got.full_kv_indices)
+                == _block_sets(want.full_kv_num_blocks, want.full_kv_indices))
+        assert _block_sets(got.q_num_blocks, got.q_indices) == _block_sets(want.q_num_blocks, want.q_indices)
+        assert (_block_sets(got.full_q_num_blocks, got.full_q_indices)
+                == _block_sets(want.full_q_num_blocks, want.full_q_indices))
+    one_doc = torch.zeros(tokens, dtype=torch.int64)          # one document: causal (and windowed) blocks
+    mask = document_block_mask(one_doc, window, _document_causal_mod(one_doc, window))
+    n = tokens // 128
+    behind = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    full = (behind >= 1) if window is None else (behind >= 1) & ((behind + 1) * 128 - 1 < window)
+    assert mask.full_kv_num_blocks[0, 0].tolist() == full.sum(-1).tolist()
+
+
+def test_document_block_mask_refuses_a_ragged_sequence():
+    from speedrun.model.attention import _document_causal_mod, document_block_mask
+
+    ids = torch.zeros(200, dtype=torch.int64)
+    with pytest.raises(ValueError, match="200 tokens is not a multiple of 128"):
+        document_block_mask(ids, None, _document_causal_mod(ids, None))
+
+
+def test_flex_backend_on_whole_blocks_equals_reference():
+    """T a multiple of 128: the hand-built block mask path (the training shape), documents straddling
+    blocks, windows of a few blocks and one not a multiple of 128."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(640, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 100, 101, 300, 555, 640, 640], dtype=torch.int32)
+    for window in (None, 128, 200, 384):
+        expected = attention(q, k, v, cu_seqlens, 0.4, window, backend="reference")
+        got = attention(q, k, v, cu_seqlens, 0.4, window, backend="flex")
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs", "flex", "varlen"])
 def test_gpu_backends_match_reference_values_and_gradients_in_bfloat16(backend):
     g = torch.Generator().manual_seed(5)
-    shape = (1000, 4, 64)
+    for tokens in (1000, 1024):            # a ragged end, and whole 128-token blocks (the training shape)
+        cu_seqlens = torch.tensor([0, 130, 131, 600, tokens, tokens, tokens], dtype=torch.int32, device="cuda")
+        _check_against_reference_in_bfloat16(backend, (tokens, 4, 64), cu_seqlens, g)
+
+
+def _check_against_reference_in_bfloat16(backend, shape, cu_seqlens, g):
     q, k, v = (torch.randn(shape, generator=g).cuda().bfloat16().requires_grad_() for _ in range(3))
-    cu_seqlens = torch.tensor([0, 130, 131, 600, 1000, 1000, 1000], dtype=torch.int32, device="cuda")
     weights = torch.randn(shape, generator=g).cuda()
     for window in (None, 128, 384):
         ref = attention(*(t.float() for t in (q, k, v)), cu_seqlens, 0.125, window, backend="reference")

@@ -170,15 +170,71 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocumen
 
 
 def _flex_block_mask(docs: PackedDocuments, window: int | None, device: torch.device) -> Any:
-    """The FlexAttention block mask (128-token blocks) of document-causal attention within ``window``."""
+    """The FlexAttention block mask (128-token blocks) of document-causal attention within ``window``:
+    :func:`document_block_mask` when the sequence is a whole number of blocks, else FlexAttention's own
+    ``create_block_mask`` (which evaluates the mask on all T² pairs)."""
     ids = docs.document_ids()                                                    # (T,)
+    mask_mod = _document_causal_mod(ids, window)
+    if docs.num_tokens % FLEX_BLOCK_SIZE == 0:
+        return document_block_mask(ids, window, mask_mod)
+    create = _flex_function("create_block_mask", device.type == "cuda")
+    return create(mask_mod, None, None, docs.num_tokens, docs.num_tokens, device=device)
 
+
+FLEX_BLOCK_SIZE = 128
+
+
+def _document_causal_mod(ids: torch.Tensor, window: int | None) -> Callable[..., torch.Tensor]:
+    """FlexAttention mask_mod: query q_idx sees key kv_idx of its own document, at or before it, and
+    (with ``window``) fewer than ``window`` tokens back. ``ids``: (T,) document index of each token."""
     def document_causal(b, h, q_idx, kv_idx):
         keep = (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
         return keep if window is None else keep & (q_idx - kv_idx < window)
+    return document_causal
 
-    create = _flex_function("create_block_mask", device.type == "cuda")
-    return create(document_causal, None, None, docs.num_tokens, docs.num_tokens, device=device)
+
+def document_block_mask(ids: torch.Tensor, window: int | None, mask_mod: Callable[..., torch.Tensor],
+                        block_size: int = FLEX_BLOCK_SIZE) -> Any:
+    """The FlexAttention ``BlockMask`` of document-causal attention within ``window`` tokens, built from
+    each block's first and last document id in O((T / block_size)²) instead of evaluating ``mask_mod`` on
+    all T² token pairs as ``create_block_mask`` does (record #28's hand-built block masks, there with
+    block-granular windows; here exact to the token).
+
+    ``ids``: (T,) int document index of each token, non-decreasing (the packing order), T a multiple of
+    ``block_size``; ``mask_mod``: the token-level rule (:func:`_document_causal_mod`), applied inside the
+    partial blocks. A (query block i, key block j) pair is *full* when every token pair in it is allowed
+    (j < i, both blocks inside one document, the farthest pair within the window), *partial* when some
+    are, and skipped otherwise. Returns the same blocks as ``create_block_mask`` (tests compare them).
+    Raises ``ValueError`` when T is not a multiple of ``block_size``."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if ids.numel() % block_size:
+        raise ValueError(f"document_block_mask: {ids.numel()} tokens is not a multiple of {block_size}")
+    blocks = ids.view(-1, block_size)                                            # (N, block_size)
+    first, last = blocks[:, 0], blocks[:, -1]                                    # (N,) each
+    n = blocks.size(0)
+    q_block = torch.arange(n, device=ids.device)[:, None]                       # (N, 1)
+    kv_block = torch.arange(n, device=ids.device)[None, :]                      # (1, N)
+    some = (kv_block <= q_block) & (last[None, :] >= first[:, None])             # (N, N): shares a document
+    single = first == last                                                       # block within one document
+    every = (kv_block < q_block) & single[:, None] & single[None, :] & (first[:, None] == first[None, :])
+    if window is not None:
+        behind = q_block - kv_block                                              # blocks between them
+        some = some & ((behind - 1) * block_size + 1 < window)                   # nearest token pair
+        every = every & ((behind + 1) * block_size - 1 < window)                 # farthest token pair
+    partial_num, partial_idx = _ordered(some & ~every)
+    full_num, full_idx = _ordered(every)
+    return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+                                    mask_mod=mask_mod)
+
+
+def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, N) bool block grid -> ((1, 1, N) int32 blocks per row, (1, 1, N, N) int32 column indices with
+    each row's True columns first, in ascending order): the layout of ``BlockMask.from_kv_blocks``."""
+    dense = dense.to(torch.int32)
+    count = dense.sum(dim=-1, dtype=torch.int32)
+    order = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
+    return count[None, None].contiguous(), order[None, None].contiguous()
 
 
 @register_backend("varlen")
