@@ -18,8 +18,8 @@ from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
-from speedrun.model.rotary import (apply_rotary, rotary_frequencies, rotary_tables, yarn_attention_scale,
-                                   yarn_frequencies)
+from speedrun.model.rotary import (apply_rotary, rotary_frequencies, rotary_table, rotary_tables,
+                                   yarn_attention_scale, yarn_frequencies)
 
 SMALL = dict(vocab_size=320, n_layer=2, model_dim=32, n_head=2, head_dim=16, attention_backend="reference")
 
@@ -270,6 +270,53 @@ def test_model_applies_yarn_when_the_long_window_grows():
     plain.set_window_blocks(2, 7)
     assert plain.attention_scale == 16 ** -0.5
     torch.testing.assert_close(plain.rotary_frequencies, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rope", ["full", "half_truncated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rotary_table_rows_equal_rotary_tables_of_their_positions(rope, dtype):
+    """The model's (P, R) tables gathered at random positions equal cos/sin evaluated there, bit for bit
+    (float64 after ``.double()``: the tables are rebuilt, not cast); row 3 against float64 by hand."""
+    model = small_model(dtype, rope=rope, rotary_positions=5000)
+    freqs = model.rotary_frequencies
+    assert model.rotary_cos.shape == model.rotary_sin.shape == (5000, freqs.numel())
+    assert model.rotary_cos.dtype == model.rotary_sin.dtype == dtype
+    positions = torch.randint(0, 5000, (3000,), generator=torch.Generator().manual_seed(3))
+    cos, sin = rotary_tables(positions, freqs)
+    assert torch.equal(model.rotary_cos[positions], cos) and torch.equal(model.rotary_sin[positions], sin)
+    table_cos, table_sin = rotary_table(freqs, 5000)
+    assert torch.equal(table_cos, model.rotary_cos) and torch.equal(table_sin, model.rotary_sin)
+    by_hand = [(math.cos(3 * f), math.sin(3 * f)) for f in freqs.double().tolist()]
+    got = list(zip(model.rotary_cos[3].tolist(), model.rotary_sin[3].tolist()))
+    assert [c for pair in got for c in pair] == pytest.approx([c for pair in by_hand for c in pair], abs=1e-6)
+
+
+def test_yarn_rewrites_the_rotary_tables_in_place():
+    cfg = build_model_config("tiny", {**SMALL, "rope": "half_truncated", "attention_scale": 0.1, "yarn": True,
+                                      "window_pattern": "SL", "window_block_size": 4, "rotary_positions": 300})
+    model = GPT(cfg)
+    pointers = (model.rotary_cos.data_ptr(), model.rotary_sin.data_ptr())
+    start = model.rotary_cos.clone()
+    model.set_window_blocks(2, 3)                                 # short only: no rescale
+    assert torch.equal(model.rotary_cos, start)
+    model.set_window_blocks(2, 7)                                 # long 12 -> 28 tokens
+    cos, sin = rotary_table(model.rotary_frequencies, 300)
+    assert torch.equal(model.rotary_cos, cos) and torch.equal(model.rotary_sin, sin)
+    assert not torch.equal(model.rotary_cos, start)
+    assert (model.rotary_cos.data_ptr(), model.rotary_sin.data_ptr()) == pointers
+
+
+@pytest.mark.parametrize("paired", [(), (0,)])
+def test_a_sequence_beyond_the_rotary_tables_raises(paired):
+    """T = 40 tokens need 40 rows, 80 with paired heads (positions up to 2T-1 of the doubled sequence)."""
+    need = 80 if paired else 40
+    inputs, targets, cu = batch()
+    with torch.no_grad():
+        small_model(rotary_positions=need, paired_head_layers=paired)(inputs, targets, cu)
+        with pytest.raises(ValueError, match=f"model.rotary_positions = {need - 1} .* needs {need} positions"):
+            small_model(rotary_positions=need - 1, paired_head_layers=paired)(inputs, targets, cu)
+    with pytest.raises(SpeedrunError, match="rotary_positions must be a positive integer"):
+        build_model_config("tiny", {"rotary_positions": 0})
 
 
 @pytest.mark.parametrize("chunk", [5, 64])

@@ -81,6 +81,22 @@ def test_batch_schedule_stages_and_totals():
         TrainConfig.from_dict({**QUICK, "steps": 2, "batch_schedule": [[256, 64]] * 3})
 
 
+def test_rotary_tables_are_sized_to_the_largest_forward_pass():
+    """Micro-batches of 128, 256, 512 tokens (1024 // 2) and validation chunks of 256: 512 rows, 1024 with
+    paired heads; a value set in ``model`` is kept, and refused below what the run needs."""
+    staged = {**QUICK, "steps": 9, "batch_schedule": [[256, 64], [512, 128], [1024, 128]]}
+    assert TrainConfig.from_dict(staged).model_config().rotary_positions == 512
+    paired = {**staged, "model": {**QUICK["model"], "paired_head_layers": [1]}}
+    assert TrainConfig.from_dict(paired).model_config().rotary_positions == 1024
+    val_bound = {**QUICK, "val_batch_tokens": 512}                    # 512 // 2 = 256 train tokens < 512
+    assert TrainConfig.from_dict(val_bound).model_config().rotary_positions == 512
+    assert TrainConfig.from_dict(QUICK).model_config().rotary_positions == 256
+    explicit = {**paired, "model": {**paired["model"], "rotary_positions": 4096}}
+    assert TrainConfig.from_dict(explicit).model_config().rotary_positions == 4096
+    with pytest.raises(SpeedrunError, match="rotary_positions 1023 is below the 1024 positions"):
+        TrainConfig.from_dict({**paired, "model": {**paired["model"], "rotary_positions": 1023}})
+
+
 def test_schedule_settings_reach_the_schedule_config():
     cfg = TrainConfig.from_dict({"steps": 1270, "cooldown_frac": 0.6, "lr_floor": 0.15,
                                  "lr_stage_multipliers": [1.0, 1.52, 1.73], "momentum_cooldown_steps": 50})

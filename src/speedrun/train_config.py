@@ -31,7 +31,8 @@ class TrainConfig:
     Sizes: ``steps`` optimizer steps of ``tokens_per_step`` tokens in ``micro_batches`` forward passes over
     all ranks; documents cut at ``max_seq_len`` tokens; ``val_tokens`` validation tokens in chunks of
     ``val_batch_tokens`` per rank, every ``val_every`` steps (0: only at step 0 and the last). Model:
-    ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields). Optimizers
+    ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields), the rotary tables
+    sized to the run unless ``model`` sets ``rotary_positions`` (:meth:`model_config`). Optimizers
     (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
     ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85,
     and back down to 0.85 over the last ``momentum_cooldown_steps``: the record's 300 and 50, speedrun-spec.md
@@ -61,9 +62,9 @@ class TrainConfig:
     the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
     the steps; when set it replaces ``tokens_per_step`` and ``max_seq_len`` (empty: constant).
 
-    Raises :class:`SpeedrunError` naming the setting on a wrong type or value, and on a batch that does not
+    Raises :class:`SpeedrunError` naming the setting on a wrong type or value, on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
-    world_size).
+    world_size), and on a ``model.rotary_positions`` below :meth:`rotary_positions`.
     """
 
     preset: str = "tiny"
@@ -140,9 +141,14 @@ class TrainConfig:
         self._check_device()
         self._check_schedules()
         self._check_divisions()
+        self._check_rotary_positions()
+
+    def _preset_model(self) -> GPTConfig:
+        """``preset`` with the ``model`` overrides as written (for the checks made before the batch sizes)."""
+        return build_model_config(self.preset, self.model)
 
     def _check_device(self) -> None:
-        backend = self.model_config().attention_backend
+        backend = self._preset_model().attention_backend
         if self.device == "cpu" and backend in ("flex", "varlen"):
             raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (torch has no CPU "
                                 f"backward for it), and train.device is 'cpu': set train.device: cuda, or "
@@ -159,7 +165,7 @@ class TrainConfig:
             _check_int("final_window_long_blocks", self.final_window_long_blocks, 1)
         if self.untie_step is not None:
             _check_int("untie_step", self.untie_step, 0)
-            if not self.model_config().tie_embed_head:
+            if not self._preset_model().tie_embed_head:
                 raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
         batches = self.batch_schedule
         if not isinstance(batches, tuple) or not all(
@@ -167,7 +173,7 @@ class TrainConfig:
                     isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
             raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
                                 f"positive integers, got {batches!r}")
-        if (schedule or self.final_window_long_blocks is not None) and not self.model_config().window_pattern:
+        if (schedule or self.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
 
@@ -186,6 +192,12 @@ class TrainConfig:
         if self.val_tokens % (self.val_batch_tokens * self.world_size):
             raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
                                 f"world_size = {self.val_batch_tokens * self.world_size}")
+
+    def _check_rotary_positions(self) -> None:
+        given, needed = self._preset_model().rotary_positions, self.rotary_positions()
+        if "rotary_positions" in self.model and given < needed:
+            raise SpeedrunError(f"train.model.rotary_positions {given} is below the {needed} positions of this "
+                                f"run's largest forward pass (TrainConfig.rotary_positions)")
 
     @classmethod
     def from_dict(cls, settings: Mapping[str, Any]) -> "TrainConfig":
@@ -225,7 +237,21 @@ class TrainConfig:
         return sum((bounds[i + 1] - bounds[i]) * tokens for i, (_, tokens, _) in enumerate(self.batch_stages()))
 
     def model_config(self) -> GPTConfig:
-        return build_model_config(self.preset, self.model)
+        """``preset`` with the ``model`` overrides; unless they set ``rotary_positions``, the rotary tables
+        get exactly :meth:`rotary_positions` rows (no memory or table building for unused positions)."""
+        model = self._preset_model()
+        if "rotary_positions" in self.model:
+            return model
+        return dataclasses.replace(model, rotary_positions=self.rotary_positions())
+
+    def rotary_positions(self) -> int:
+        """Rows of rotary tables this run needs: the tokens of its largest forward pass, a training
+        micro-batch (tokens_per_step // micro_batches of any batch stage) or a validation chunk
+        (val_batch_tokens), doubled when the model pairs heads (the doubled sequence has positions up to
+        2T-1; see :class:`speedrun.model.config.GPTConfig` ``rotary_positions``)."""
+        train = [tokens // self.micro_batches for _, tokens, _ in self.batch_stages()]
+        tokens = max(train + [self.val_batch_tokens])
+        return 2 * tokens if self._preset_model().paired_head_layers else tokens
 
     def window_blocks_at(self, step: int) -> tuple[int, int] | None:
         """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when

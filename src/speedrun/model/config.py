@@ -50,6 +50,11 @@ class GPTConfig:
         rope_base: RoPE base frequency theta (Su et al. 2021; record #2); unused by ``half_truncated``.
         rope: ``"full"`` or ``"half_truncated"`` (32 frequencies on dims 0-63 for head_dim 128, record #17);
             see :mod:`speedrun.model.rotary`.
+        rotary_positions: rows P of the rotary cos/sin tables the model precomputes (positions 0..P-1; see
+            :func:`speedrun.model.rotary.rotary_table`). A packed sequence may hold at most P tokens, P/2 when
+            any layer pairs heads (the doubled sequence has positions up to 2T-1); a longer forward pass
+            raises ``ValueError``. ``speedrun train`` sizes it to the run unless set
+            (:meth:`speedrun.train_config.TrainConfig.model_config`).
         attention_scale: None for 1/sqrt(head_dim), or the scale of q·k (record #31: 0.1).
         yarn: rescale the rotary frequencies and the attention scale whenever the long window grows (YaRN,
             record #31; alpha 1, beta 32, scale x(1 + 0.2 ln(new/old))). Needs a window_pattern.
@@ -111,6 +116,7 @@ class GPTConfig:
     mlp_ratio: int = 4
     rope_base: float = 10000.0
     rope: RopeMode = "full"
+    rotary_positions: int = 131072
     attention_scale: float | None = None
     yarn: bool = False
     window_pattern: str = ""
@@ -141,7 +147,8 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "model_dim", "n_head", "head_dim", "mlp_ratio",
-                     "loss_chunk_tokens", "window_block_size", "window_short_blocks", "window_long_blocks"):
+                     "loss_chunk_tokens", "window_block_size", "window_short_blocks", "window_long_blocks",
+                     "rotary_positions"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpeedrunError(f"model.{name} must be a positive integer, got {value!r}")

@@ -34,7 +34,7 @@ from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.norm import rms_norm
 from speedrun.model.packing import document_positions
 from speedrun.model.paired import paired_positions
-from speedrun.model.rotary import rotary_frequencies, rotary_tables, yarn_attention_scale, yarn_frequencies
+from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.windows import layer_windows, window_tokens
 
@@ -56,8 +56,16 @@ class GPT(nn.Module):
     gets none until :meth:`untie_embed_head` (record #53: at 2/3 of training).
 
     Schedule state (not parameters): ``window_blocks`` (short, long) in blocks, set by
-    :meth:`set_window_blocks`; the rotary frequencies (buffer) and ``attention_scale``, which YaRN rescales
-    when the long window grows (``config.yarn``).
+    :meth:`set_window_blocks`; the rotary frequencies (buffer ``rotary_frequencies`` (R,)) and
+    ``attention_scale``, which YaRN rescales when the long window grows (``config.yarn``).
+
+    Rotary tables: non-persistent buffers ``rotary_cos``, ``rotary_sin`` (P, R), P =
+    ``config.rotary_positions``, the cos and sin of ``p * rotary_frequencies`` for p = 0..P-1
+    (:func:`speedrun.model.rotary.rotary_table`; the records' ``Rotary.cos``/``.sin`` buffers, record #17).
+    A forward pass gathers its rows instead of evaluating cos and sin in every layer (under torch.compile,
+    Inductor would recompute them inside each consumer kernel). YaRN rewrites them in place (same storage);
+    moving or casting the model (``.to``, ``.double()``) rebuilds them from the moved frequencies, so they
+    always equal :func:`speedrun.model.rotary.rotary_tables` computed on the model's device.
     """
 
     def __init__(self, config: GPTConfig):
@@ -87,6 +95,9 @@ class GPT(nn.Module):
             self.skips = GatedSkip(config.skip_from, config.skip_to)
         self.register_buffer("rotary_frequencies", rotary_frequencies(config.head_dim, config.rope_base,
                                                                       mode=config.rope), persistent=False)
+        cos, sin = rotary_table(self.rotary_frequencies, config.rotary_positions)           # (P, R) each
+        self.register_buffer("rotary_cos", cos, persistent=False)
+        self.register_buffer("rotary_sin", sin, persistent=False)
         self.attention_scale = config.attention_scale or config.head_dim ** -0.5
         self.window_blocks = (config.window_short_blocks, config.window_long_blocks)
 
@@ -101,8 +112,29 @@ class GPT(nn.Module):
         window_tokens(short_blocks, block)
         if self.config.yarn and new != old:
             self.rotary_frequencies.copy_(yarn_frequencies(self.rotary_frequencies, old, new))
+            self._rebuild_rotary_tables()
             self.attention_scale = yarn_attention_scale(self.attention_scale, old, new)
         self.window_blocks = (short_blocks, long_blocks)
+
+    @torch.no_grad()
+    def _rebuild_rotary_tables(self) -> None:
+        """Recompute ``rotary_cos``/``rotary_sin`` from ``rotary_frequencies``: in place (same storage, as a
+        compiled graph or CUDA graph holds it) when dtype and device are unchanged, else as new buffers."""
+        cos, sin = rotary_table(self.rotary_frequencies, self.config.rotary_positions)
+        for name, table in (("rotary_cos", cos), ("rotary_sin", sin)):
+            buffer = getattr(self, name)
+            if buffer.dtype == table.dtype and buffer.device == table.device:
+                buffer.copy_(table)
+            else:
+                setattr(self, name, table)
+
+    def _apply(self, fn, recurse=True):
+        """``nn.Module._apply`` (behind ``.to``, ``.cuda``, ``.double()``), then the rotary tables rebuilt
+        from the converted frequencies: a cast float32 table would differ from cos/sin evaluated in float64
+        or on the GPU."""
+        super()._apply(fn, recurse)
+        self._rebuild_rotary_tables()
+        return self
 
     @torch.no_grad()
     def untie_embed_head(self) -> None:
@@ -154,12 +186,25 @@ class GPT(nn.Module):
     def attention_context(self, docs: PackedDocuments) -> AttentionContext:
         """The rotary tables of the documents' positions (and of the doubled sequence when a layer pairs its
         heads) and the current attention scale, for every layer of one forward pass."""
+        self._check_rotary_positions(docs.num_tokens)
         positions = document_positions(docs.cu_seqlens, docs.num_tokens)                # (T,)
-        cos, sin = rotary_tables(positions, self.rotary_frequencies)                       # (T, R) each
+        cos, sin = self.rotary_cos[positions], self.rotary_sin[positions]                  # (T, R) each
         paired_cos = paired_sin = None
         if self.config.paired_head_layers:
-            paired_cos, paired_sin = rotary_tables(paired_positions(positions), self.rotary_frequencies)
+            doubled = paired_positions(positions)                                           # (2T,)
+            paired_cos, paired_sin = self.rotary_cos[doubled], self.rotary_sin[doubled]     # (2T, R) each
         return AttentionContext(docs, cos, sin, self.attention_scale, paired_cos, paired_sin)
+
+    def _check_rotary_positions(self, num_tokens: int) -> None:
+        """Raise ``ValueError`` when a packed sequence of ``num_tokens`` tokens (a Python int, also under
+        torch.compile with static shapes: no graph break) may need positions beyond the rotary tables: up to
+        T-1, or 2T-1 in the doubled sequence of paired heads."""
+        paired = bool(self.config.paired_head_layers)
+        needed = 2 * num_tokens if paired else num_tokens
+        if needed > self.config.rotary_positions:
+            why = f"2 x {num_tokens} tokens (paired heads)" if paired else f"{num_tokens} tokens"
+            raise ValueError(f"model.rotary_positions = {self.config.rotary_positions} rows of rotary tables, but "
+                             f"this forward pass needs {needed} positions ({why}): raise model.rotary_positions")
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, cu_seqlens: torch.Tensor,
                 max_seqlen: int | None = None) -> torch.Tensor:

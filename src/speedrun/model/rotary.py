@@ -77,6 +77,20 @@ def rotary_tables(positions: torch.Tensor, frequencies: torch.Tensor) -> tuple[t
     return angles.cos(), angles.sin()
 
 
+def rotary_table(frequencies: torch.Tensor, positions_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)``, each (P, R), of the angles ``p * frequencies[i]`` for every position p = 0..P-1
+    (P = ``positions_count``), on the device of ``frequencies``: float32 for float32 or 16-bit frequencies,
+    float64 for float64 ones. Row p equals :func:`rotary_tables` of position p bit for bit (the same float32
+    positions and products), so a forward pass gathers its (T, R) tables instead of evaluating cos and sin
+    per layer (the records keep such tables as buffers, e.g. record #17's ``Rotary.cos``/``Rotary.sin``).
+    Raises ``ValueError`` when ``positions_count`` < 1."""
+    if positions_count < 1:
+        raise ValueError(f"a rotary table needs at least one position, got {positions_count}")
+    positions = torch.arange(positions_count, dtype=torch.float32, device=frequencies.device)     # (P,)
+    angles = positions[:, None] * frequencies[None, :]                                               # (P, R)
+    return angles.cos(), angles.sin()
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: RopeMode = "full") -> torch.Tensor:
     """Rotate the pairs of ``x`` (T, H, D) by their angles; same shape and dtype.
 
