@@ -380,3 +380,19 @@ def test_gpt124m_switches_agree_across_backends_and_untie():
     assert ref.embed.weight.grad is not None and ref.embed.weight.grad.abs().sum() > 0
     with pytest.raises(RuntimeError, match="not tied"):
         ref.untie_embed_head()
+
+
+def test_merged_qkv_product_equals_the_three_projections():
+    """One product with the stacked weights gives q, k, v of the three separate projections (fp64 exactly
+    up to summation order; in training with fp8_attention within FP8 tolerance, one scale for the three)."""
+    attn = small_model().blocks[0].attn
+    x = torch.randn(9, 32, dtype=torch.float64)
+    expected = torch.cat((attn.q(x), attn.k(x), attn.v(x)), dim=1)                   # (T, 3·H·Dh)
+    torch.testing.assert_close(attn._qkv(x), expected, rtol=1e-12, atol=1e-12)
+    fp8 = small_model(dtype=torch.float32, fp8_attention=True).blocks[0].attn.train()
+    xf = torch.randn(16, 32)
+    exact = xf.double() @ torch.cat((fp8.q.weight, fp8.k.weight, fp8.v.weight)).double().T
+    got = fp8._qkv(xf)
+    assert got.dtype == torch.bfloat16
+    error = float((got.double() - exact).norm() / exact.norm())
+    assert 1e-3 < error < 0.1                                     # quantized, and still the same product

@@ -16,11 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
-from speedrun.model.fp8 import FP8Linear
+from speedrun.model.fp8 import FP8Linear, fp8_linear
 from speedrun.model.gates import AttentionGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
@@ -50,7 +51,9 @@ class AttentionContext:
 class CausalSelfAttention(nn.Module):
     """Multi-head document-causal self-attention of layer ``layer``: (T, C) -> (T, C).
 
-    q, k, v = x Wqᵀ, x Wkᵀ, x Wvᵀ as (T, H, Dh); q and k RMS-normalized over Dh (QK-norm, record #5) and
+    q, k, v = x Wqᵀ, x Wkᵀ, x Wvᵀ as (T, H, Dh), computed as one product with the three weights stacked
+    (record #28's merged QKV weight: a (C, 3·H·Dh) product runs near the tensor cores' peak where three
+    (C, H·Dh) ones reach about half of it on an H200); q and k RMS-normalized over Dh (QK-norm, record #5) and
     rotated (RoPE, ``config.rope``); the scale and the sliding window come with each call (the model's
     schedule state); output projection Wo zero-initialized. The projections are :class:`FP8Linear`, FP8 in
     the training forward with ``config.fp8_attention``. In ``config.paired_head_layers`` the heads attend in
@@ -81,11 +84,10 @@ class CausalSelfAttention(nn.Module):
         doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) added to v (records
         #14-#17). Returns (T, C)."""
         shape = (x.size(0), self.n_head, self.head_dim)
-        v = self.v(x)
+        q, k, v = self._qkv(x).view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)  # (T, H, Dh) each
         if value_embed is not None:
-            v = v + value_embed.type_as(v)
-        v = v.view(shape)                                                                # (T, H, Dh)
-        q, k = rms_norm(self.q(x).view(shape)), rms_norm(self.k(x).view(shape))        # (T, H, Dh)
+            v = v + value_embed.view(shape).type_as(v)
+        q, k = rms_norm(q), rms_norm(k)
         if self.paired:
             y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
                                  window, rope=self.rope, backend=self.backend)
@@ -96,6 +98,14 @@ class CausalSelfAttention(nn.Module):
         if self.gate is not None:
             y = y * self.gate(x).type_as(y)
         return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C); FP8
+        (one dynamic scale for the three) in the training forward with ``fp8_attention``."""
+        weight = torch.cat((self.q.weight, self.k.weight, self.v.weight))
+        if self.q.fp8 and self.training:
+            return fp8_linear(x, weight)
+        return F.linear(x, weight)
 
 
 class Block(nn.Module):
