@@ -88,24 +88,25 @@ def test_a_document_packed_with_others_gives_the_same_hidden_states_as_alone():
     torch.testing.assert_close(packed[:13], first, rtol=1e-10, atol=1e-10)
 
 
-def test_full_and_chunked_cross_entropy_give_the_same_model_loss_and_gradients():
+def test_full_chunked_and_fused_cross_entropy_give_the_same_model_loss_and_gradients():
     model = small_model(logit_softcap=3.0)
     inputs, targets, cu = batch()
     results = []
-    for impl in ("full", "chunked"):
+    for impl in ("full", "chunked", "fused"):
         model.config = dataclasses.replace(model.config, cross_entropy=impl, loss_chunk_tokens=7)
         model.zero_grad()
         loss = model(inputs, targets, cu)
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-12, atol=1e-12)
-    for g_chunked, g_full in zip(results[1][1], results[0][1]):
-        torch.testing.assert_close(g_chunked, g_full, rtol=1e-9, atol=1e-12)
+    for loss, grads in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], rtol=1e-12, atol=1e-12)
+        for g_other, g_full in zip(grads, results[0][1]):
+            torch.testing.assert_close(g_other, g_full, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("softcap", [None, 2.5])
-@pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_chunked_cross_entropy_against_float64_reference(softcap, chunk):
+@pytest.mark.parametrize("impl,chunk", [("chunked", 1), ("chunked", 5), ("chunked", 64), ("fused", 0)])
+def test_chunked_and_fused_cross_entropy_against_float64_reference(softcap, impl, chunk):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(19, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(50, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -115,7 +116,7 @@ def test_chunked_cross_entropy_against_float64_reference(softcap, chunk):
         logits = softcap * torch.tanh(logits / softcap)
     expected = F.cross_entropy(logits, t)
     ex, ew = torch.autograd.grad(expected, (x, w))
-    got = linear_cross_entropy(x, w, t, softcap=softcap, impl="chunked", chunk_tokens=chunk)
+    got = linear_cross_entropy(x, w, t, softcap=softcap, impl=impl, chunk_tokens=chunk)
     gx, gw = torch.autograd.grad(3.0 * got, (x, w))                   # the upstream gradient scales
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(gx, 3.0 * ex, rtol=1e-10, atol=1e-12)

@@ -22,7 +22,7 @@ from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
 AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen"]
-CrossEntropyImpl = Literal["full", "chunked"]
+CrossEntropyImpl = Literal["full", "chunked", "fused"]
 SoftcapKind = Literal["tanh", "shifted_sigmoid"]
 SkipMode = Literal["none", "unet", "gated"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
@@ -100,7 +100,8 @@ class GPTConfig:
             16-bit compute dtype only, the torch path elsewhere).
         attention_backend: see :mod:`speedrun.model.attention`.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
-            gradients chunk by chunk (see :mod:`speedrun.model.loss`).
+            gradients chunk by chunk; ``"fused"`` computes loss and logit gradients in one pass over bf16
+            logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`).
         loss_chunk_tokens: tokens per chunk of the chunked cross-entropy (64 keeps a chunk's (64, 50304)
             fp32 logits in a CPU's cache).
 
@@ -266,8 +267,8 @@ PRESETS: dict[str, GPTConfig] = {
     # dominates the cost: about 3,100 train tokens/s on one thread (benchmarks/train_cpu.py); width 96
     # gives about 2,200 and width 128 about 1,850.
     "tiny": GPTConfig(n_layer=4, model_dim=64, n_head=2, head_dim=32, mlp_ratio=4),
-    # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; loss chunks of 8192 tokens
-    # suit a GPU (few, large kernels). HEAD's 11-layer indices are carried to 12 layers by keeping layers
+    # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; the fused cross-entropy
+    # (records #60, #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer indices are carried to 12 layers by keeping layers
     # 0-6 and moving 7-10 to 8-11. Record switches: long windows on layer 3 and the last (HEAD 3 and 10),
     # short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17); attention scale
     # 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9); value embeddings on layers 1, 2 and the
@@ -284,7 +285,7 @@ PRESETS: dict[str, GPTConfig] = {
                          bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
                          attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
-                         fp8_attention=True, fp8_head=True, attention_backend="flex", loss_chunk_tokens=8192),
+                         fp8_attention=True, fp8_head=True, attention_backend="flex", cross_entropy="fused"),
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
     # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
@@ -292,7 +293,8 @@ PRESETS: dict[str, GPTConfig] = {
     # on layers 0, 1, 2 and again 9, 10, 11 (#14-#17); x0 lambdas (#9); U-net skips (#11); the sparse
     # attention gate on every attention layer (#28); FP8 head (#19); untied embedding and head. Its softcap
     # 30·σ(z/7.5) equals 15·tanh(z/15) + 15, and a constant added to every logit leaves the softmax and
-    # the loss unchanged: hence tanh with cap 15.
+    # the loss unchanged: hence tanh with cap 15. Its loss is F.cross_entropy of the compiled softcap; here
+    # the fused cross-entropy, the same function in one pass.
     "record28": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.12,
                           window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=1,
@@ -300,7 +302,7 @@ PRESETS: dict[str, GPTConfig] = {
                           value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
                           skip_connections="unet", attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
                           attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
-                          loss_chunk_tokens=8192),
+                          cross_entropy="fused"),
 }
 
 

@@ -6,6 +6,11 @@ record #54 with c = 23: logits in (0, c), an asymmetric cap).
 
 * ``"full"``: materializes the (T, V) logits and lets autograd differentiate ``F.cross_entropy``. Simple,
   the reference of the tests; on a CPU it pays for several passes over a (T, 50304) fp32 array.
+* ``"fused"``: materializes the (T, V) logits in the compute dtype (bf16 in training) and computes the
+  loss and dL/dz in one pass over them (:func:`softcapped_cross_entropy`: a Triton kernel on CUDA,
+  :mod:`speedrun.kernels.softcapped_cross_entropy`; the same computation in PyTorch elsewhere), then the
+  head's two gradient products in the backward pass; with ``fp8`` the gradient goes to e5m2 with a fixed
+  scale from its known bound (records #60, #75, #79; the FP8 head of records #19, #51, #67). No fp32 logits.
 * ``"chunked"``: processes ``chunk_tokens`` tokens at a time in buffers that stay in cache, and computes the
   gradients with respect to x and W in the same pass (the public speedrun's fused CE kernels compute the
   gradient in the forward pass too, records #60, #75, #79). dL/dz = softmax(z) - onehot(target), times
@@ -27,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.config import SoftcapKind
-from speedrun.model.fp8 import HEAD_SCALES, fp8_linear, fp8_matmul
+from speedrun.model.fp8 import E5M2, E5M2_MAX, HEAD_SCALES, fp8_linear, fp8_matmul, quantize, scaled_mm
 
 _TINY_PROB = 1e-30
 SIGMOID_SHIFT = 5.0
@@ -48,7 +53,7 @@ def softcap_logits(z: torch.Tensor, softcap: float | None, kind: SoftcapKind = "
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                          softcap: float | None = None, softcap_kind: SoftcapKind = "tanh",
-                         impl: Literal["full", "chunked"] = "chunked",
+                         impl: Literal["full", "chunked", "fused"] = "chunked",
                          chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None,
                          fp8: bool = False) -> torch.Tensor:
     """Mean cross-entropy (nats per token; an fp32 scalar, fp64 for fp64 products) of the logits
@@ -58,7 +63,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     ``softcap_kind`` (:func:`softcap_logits`); compute_dtype: dtype of the matrix products (default: x's dtype).
     fp8: the logits' product in FP8 with the head's fixed scales (:data:`speedrun.model.fp8.HEAD_SCALES`,
     records #19, #51, #67); the gradients' products in FP8 too with ``"full"``, in bf16 with ``"chunked"``
-    (which computes them inside its own pass). Differentiable in x and weight for both ``impl``.
+    (which computes them inside its own pass), in FP8 with ``"fused"``. Differentiable in x and weight for
+    every ``impl``.
     """
     dtype = compute_dtype or x.dtype
     with torch.autocast(x.device.type, enabled=False):
@@ -66,12 +72,101 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
             logits = fp8_linear(x, weight, HEAD_SCALES) if fp8 else F.linear(x.to(dtype), weight.to(dtype))  # (T, V)
             logits = logits.to(_accumulation_dtype(dtype))
             return F.cross_entropy(softcap_logits(logits, softcap, softcap_kind), targets)
-        if impl != "chunked":
-            raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full' or 'chunked'")
         cap = None if softcap is None else (softcap, softcap_kind)
+        if impl == "fused":
+            if not torch.is_grad_enabled():
+                return softcapped_cross_entropy(_head_logits(x, weight, dtype, fp8)[0], targets, cap)[0].mean()
+            return _FusedLinearCrossEntropy.apply(x, weight, targets, cap, dtype, fp8)
+        if impl != "chunked":
+            raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full', 'chunked' or 'fused'")
         if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
             return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False, fp8)[0]
         return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype, fp8)
+
+
+def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                             softcap: tuple[float, SoftcapKind] | None, with_grad: bool = False,
+                             grad_mul: float = 1.0, e5m2: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(losses, grad)`` of the cross-entropy of ``softcap(logits)``, per token, in one pass.
+
+    logits: (T, V) float (bf16 in training); targets: (T,) int64 in 0..V-1; softcap: None or (c, kind).
+    Returns losses (T,) fp32 (fp64 for fp64 logits) and, with ``with_grad``, grad (T, V) in the logits'
+    dtype (float8 e5m2 with ``e5m2``: then ``grad_mul`` must keep it below 57344, see
+    :func:`gradient_bound`): ``dloss_t/dlogits_t · grad_mul`` = (softmax(y) - onehot) · dy/dz · grad_mul
+    (else None). On CUDA
+    the Triton kernel (:mod:`speedrun.kernels.softcapped_cross_entropy`, records #60, #75, #79); elsewhere
+    the same computation in PyTorch (fp32, or fp64 for fp64 logits), the reference of the tests."""
+    if logits.is_cuda:
+        from speedrun.kernels.softcapped_cross_entropy import SOFTCAP_KINDS, softcapped_cross_entropy_kernel
+
+        cap, kind = (0.0, None) if softcap is None else softcap
+        losses, grad = softcapped_cross_entropy_kernel(logits, targets, float(cap), SOFTCAP_KINDS[kind],
+                                                       with_grad, float(grad_mul), e5m2)
+        return losses, grad if with_grad else None
+    z = logits.to(_accumulation_dtype(logits.dtype), copy=True)
+    losses = torch.empty(z.size(0), dtype=z.dtype, device=z.device)
+    p = _loss_and_grad(z, torch.empty_like(z), targets, softcap, losses, with_grad)
+    return losses, (p.mul_(grad_mul).to(E5M2 if e5m2 else logits.dtype) if with_grad else None)
+
+
+def gradient_bound(softcap: tuple[float, SoftcapKind] | None) -> float:
+    """The largest |dloss_t/dz| a token's softcapped cross-entropy can have: |softmax - onehot| <= 1 times
+    the softcap's largest slope (1 for none and tanh; c / (4 · 7.5) for the shifted sigmoid, at y = c/2)."""
+    if softcap is None or softcap[1] == "tanh":
+        return 1.0
+    return softcap[0] / (4.0 * SIGMOID_TEMPERATURE)
+
+
+# The FP8 gradient: dL/dz scaled so that its bound maps to half of e5m2's largest value (no overflow after
+# rounding, and the smallest probabilities that matter, about 1e-9 of the bound, stay representable).
+_E5M2_TARGET = E5M2_MAX / 2
+
+
+def _head_logits(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, fp8: bool
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The logits x Wᵀ (T, V) (bf16 from FP8 operands with the head's fixed scales, else in ``dtype``) and
+    what the backward products need: (x8, x_scale, w8, w_scale) or (x, W) in ``dtype``."""
+    if fp8:
+        x8, x_scale = quantize(x, HEAD_SCALES.x)
+        w8, w_scale = quantize(weight, HEAD_SCALES.weight)
+        return scaled_mm(x8, x_scale, w8, w_scale), (x8, x_scale, w8, w_scale)
+    xs, ws = x.to(dtype), weight.to(dtype)
+    return xs @ ws.t(), (xs, ws)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """The head's logits, then loss and dL/dz in one pass (:func:`softcapped_cross_entropy`); the backward
+    runs the two gradient products from the saved dL/dz, scaled by the incoming gradient there."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, softcap, dtype, fp8):  # noqa: D102 (autograd API)
+        logits, operands = _head_logits(x, weight, dtype, fp8)                 # (T, V)
+        grad_mul = _E5M2_TARGET / gradient_bound(softcap) if fp8 else 1.0
+        losses, grad = softcapped_cross_entropy(logits, targets, softcap, with_grad=True, grad_mul=grad_mul,
+                                                e5m2=fp8)                          # (T,), (T, V)
+        del logits
+        ctx.save_for_backward(grad, *operands)
+        ctx.fp8, ctx.dtypes, ctx.unscale = fp8, (x.dtype, weight.dtype), 1.0 / (x.size(0) * grad_mul)
+        return losses.mean()
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # noqa: D102 (autograd API)
+        grad, *operands = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        acc = torch.float32 if ctx.fp8 else _accumulation_dtype(grad.dtype)
+        scale = (grad_loss.to(acc) * ctx.unscale).reshape(())                    # dL/dz = grad · scale
+        if ctx.fp8:
+            x8, x_scale, w8, w_scale = operands
+            g8 = grad                                                            # (T, V) e5m2
+            dx = scaled_mm(g8, scale, w8.t().contiguous(), w_scale) if need_x else None
+            dw = scaled_mm(g8.t().contiguous(), scale, x8.t().contiguous(), x_scale) if need_w else None
+        else:
+            xs, ws = operands
+            dx = (grad @ ws).to(acc) * scale if need_x else None
+            dw = (grad.t() @ xs).to(acc) * scale if need_w else None
+        x_dtype, w_dtype = ctx.dtypes
+        return (None if dx is None else dx.to(x_dtype), None if dw is None else dw.to(w_dtype),
+                None, None, None, None)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

@@ -1,0 +1,164 @@
+"""Softcapped cross-entropy over (T, V) logits in one Triton kernel: the loss and its gradient together.
+
+Source: the public speedrun's fused softcapped cross-entropy kernels (records #60, #75, #79; speedrun-spec.md
+2.5), which compute dL/dz in the forward pass so that the (T, V) logits are read once more and never stored
+in fp32. The pure-PyTorch reference is :func:`speedrun.model.loss.softcapped_cross_entropy` on a CPU (the
+same function; it dispatches here on CUDA).
+
+For row t with raw logits z (V,) and target j: y = softcap(z) (none, ``c·tanh(z/c)`` or the shifted
+sigmoid ``c·sigmoid((z+5)/7.5)``, record #54), ``loss_t = logsumexp(y) - y_j`` (fp32), and with
+``with_grad`` ``grad_t = (softmax(y) - onehot(j)) · dy/dz · grad_mul`` written in the logits' dtype.
+
+One program per row, two sweeps over it in blocks of ``BLOCK`` columns: the first sums exp(y - m), the second
+writes the gradient (the row, 100 KB in bf16 at V = 50304, is still in L2 by then). With a softcap the
+logits are bounded above by c, so m = c and the sum needs no running maximum; without one the first sweep
+keeps a running maximum (online softmax, Milakov & Gimelshein 2018). Per row the HBM traffic is one read
+of the logits and one write of the gradient: about 2 x T x V x 2 bytes in bf16, against the several fp32
+passes of a compiled ``F.cross_entropy(softcap(z.float()))`` with autograd.
+
+torch.compile: the kernel is the operator ``speedrun::softcapped_cross_entropy`` made with
+``torch.library.triton_op`` + ``wrap_triton``, so Dynamo and Inductor trace through it. On a CPU it runs
+only under Triton's interpreter (``TRITON_INTERPRET=1``), which the tests use.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from speedrun.errors import SpeedrunError
+
+SOFTCAP_KINDS = {None: 0, "tanh": 1, "shifted_sigmoid": 2}
+SIGMOID_SHIFT = 5.0
+SIGMOID_TEMPERATURE = 7.5
+_BLOCK = 4096
+_WARPS = 8
+
+
+@triton.jit
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) with the fast division (``div.full.f32``, 2 ulp): two special-function operations
+    where ``tl.sigmoid``'s IEEE division costs several more (the kernel is bound by them, not by memory)."""
+    return tl.fdiv(1.0, 1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _capped(z, cap: tl.constexpr, KIND: tl.constexpr):
+    """softcap(z) in fp32 (KIND 0: none, 1: tanh, 2: shifted sigmoid); constants folded into multiplies."""
+    if KIND == 1:
+        return cap * (2.0 * _sigmoid(z * (2.0 / cap)) - 1.0)          # c·tanh(z/c)
+    elif KIND == 2:
+        return cap * _sigmoid((z + 5.0) * (1.0 / 7.5))
+    else:
+        return z
+
+
+@triton.jit
+def _cap_derivative(y, cap: tl.constexpr, KIND: tl.constexpr):
+    """dy/dz from the capped value y: 1 - (y/c)² (tanh), y (c - y) / (7.5 c) (shifted sigmoid), 1 (none)."""
+    if KIND == 1:
+        r = y * (1.0 / cap)
+        return 1.0 - r * r
+    elif KIND == 2:
+        return y * (cap - y) * (1.0 / (7.5 * cap))
+    else:
+        return tl.full(y.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _row_logsumexp_online(row_ptr, V, BLOCK: tl.constexpr):
+    """logsumexp of the raw logits of one row, with a running maximum per lane (online softmax)."""
+    offsets = tl.arange(0, BLOCK)
+    m_lane = tl.full((BLOCK,), -float("inf"), tl.float32)
+    sum_lane = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + offsets
+        z = tl.load(row_ptr + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m_lane, z)
+        base = tl.where(m_new == -float("inf"), 0.0, m_new)          # lanes past V stay at -inf
+        sum_lane = sum_lane * tl.exp(m_lane - base) + tl.exp(z - base)
+        m_lane = m_new
+    m = tl.max(m_lane, axis=0)
+    return m + tl.log(tl.sum(sum_lane * tl.exp(m_lane - m), axis=0))
+
+
+@triton.jit
+def _row_logsumexp_capped(row_ptr, V, cap: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr):
+    """logsumexp of the capped logits of one row; they are at most ``cap``, which serves as the maximum."""
+    offsets = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + offsets
+        z = tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+        acc += tl.where(cols < V, tl.exp(_capped(z, cap, KIND) - cap), 0.0)
+    return cap + tl.log(tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _softcapped_ce_kernel(logits_ptr, targets_ptr, losses_ptr, grad_ptr, V, stride_row, grad_stride_row,
+                          cap: tl.constexpr, grad_mul: tl.constexpr, KIND: tl.constexpr, WITH_GRAD: tl.constexpr,
+                          E5M2: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``program_id``: loss into losses_ptr[row], and (WITH_GRAD) the gradient row into grad_ptr. ``cap``
+    and ``grad_mul`` are compile-time constants (fixed for a run; a runtime float would reach the kernel as
+    fp64 under Inductor)."""
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * stride_row
+    offsets = tl.arange(0, BLOCK)
+    if KIND == 0:
+        lse = _row_logsumexp_online(row_ptr, V, BLOCK)
+    else:
+        lse = _row_logsumexp_capped(row_ptr, V, cap, KIND, BLOCK)
+    target = tl.load(targets_ptr + row)
+    y_target = _capped(tl.load(row_ptr + target).to(tl.float32), cap, KIND)
+    tl.store(losses_ptr + row, lse - y_target)
+    if WITH_GRAD:
+        grad_row = grad_ptr + row * grad_stride_row
+        for start in range(0, V, BLOCK):
+            cols = start + offsets
+            z = tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+            y = _capped(z, cap, KIND)
+            d = tl.exp(y - lse) - tl.where(cols == target, 1.0, 0.0)
+            d = d * _cap_derivative(y, cap, KIND) * grad_mul
+            if E5M2:
+                tl.store(grad_row + cols, d.to(tl.float8e5, fp_downcast_rounding="rtne"), mask=cols < V)
+            else:
+                tl.store(grad_row + cols, d.to(grad_ptr.dtype.element_ty), mask=cols < V)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise SpeedrunError(message)
+
+
+@triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
+def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor, cap: float, kind: int,
+                                    with_grad: bool, grad_mul: float, e5m2_grad: bool = False
+                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(losses (T,) fp32, grad)`` of the softcapped cross-entropy of ``logits`` (T, V) (bf16, fp16 or
+    fp32, unit stride along V) against ``targets`` (T,) int64 in 0..V-1. ``kind``: 0 none (``cap``
+    unused), 1 tanh, 2 shifted sigmoid (:data:`SOFTCAP_KINDS`); ``grad``: (T, V), dL_t/dz_t · grad_mul, in
+    the logits' dtype, or in float8 e5m2 with ``e5m2_grad`` (CUDA; for the FP8 head's backward products:
+    ``grad_mul`` must then keep |grad| within e5m2's range, 57344), or an empty (0,) tensor without
+    ``with_grad``.
+
+    Raises :class:`SpeedrunError` on a bad shape, stride or kind, or inputs on different devices."""
+    _check(logits.dim() == 2 and logits.stride(1) == 1,
+           f"softcapped_cross_entropy: logits must be (T, V) with unit stride along V, got shape "
+           f"{tuple(logits.shape)}, strides {logits.stride()}")
+    _check(targets.shape == (logits.size(0),) and targets.device == logits.device,
+           f"softcapped_cross_entropy: targets must be ({logits.size(0)},) on {logits.device}, got "
+           f"{tuple(targets.shape)} on {targets.device}")
+    _check(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
+    rows, vocab = logits.shape
+    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
+    grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
+    if rows == 0:
+        return losses, grad
+    wrap_triton(_softcapped_ce_kernel)[(rows,)](
+        logits, targets, losses, grad, vocab, logits.stride(0), grad.stride(0) if with_grad else 0,
+        float(cap), float(grad_mul), KIND=kind, WITH_GRAD=with_grad, E5M2=e5m2_grad, BLOCK=_BLOCK,
+        num_warps=_WARPS)
+    return losses, grad
