@@ -11,8 +11,8 @@ corpus, then reads the log back and prints one JSON line of figures:
   H200's measured dense bf16 rate, 810 TFLOP/s);
 * ``peak_mib``: peak allocated memory; ``val``: every (step, train_time s, val_loss) of the log.
 
-With ``--profile`` it also traces two training steps with torch.profiler after the run and writes the
-table of the kernels that take the most GPU time to ``<out>/<name>.profile.txt``.
+With ``--profile`` it also times the parts of a step and traces two training steps with torch.profiler
+after the run (:func:`profile_steps`: ``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``).
 
     PYTHONPATH=src python benchmarks/gpu_speedrun.py --config configs/h200-record28.yaml \\
         --data .carry/dd --out /tmp/bench --name record28 --steps 30
@@ -21,8 +21,11 @@ table of the kernels that take the most GPU time to ``<out>/<name>.profile.txt``
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import time
@@ -89,12 +92,51 @@ def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float) -> 
                     for r in val.itertuples()]}
 
 
+KERNEL_KINDS = (  # (kind, pattern on the kernel name), first match wins
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|scaled_mm|sm90_", re.I)),
+    ("attention", re.compile(r"flex|attention|flash|triton_tem", re.I)),
+    ("triton (fused elementwise, reductions)", re.compile(r"^triton_")),
+)
+
+
+def kernel_summary(trace: Path, wall_ms: float, steps: int) -> str:
+    """Per-step GPU time by kernel kind from a Chrome trace of ``steps`` steps: kernel count, busy time (the
+    union of kernel intervals) against ``wall_ms``, and the kernels taking the most time."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    kinds: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        kind = next((k for k, rx in KERNEL_KINDS if rx.search(e["name"])), e["cat"] if e["cat"] != "kernel" else "other")
+        kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1000
+        by_name.setdefault(e["name"], []).append(e["dur"] / 1000)
+    busy, end = 0.0, -1.0
+    for start, dur in sorted((e["ts"], e["dur"]) for e in kernels):
+        stop = start + dur
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    lines = [f"{steps} steps, wall {wall_ms / steps:.1f} ms per step, {len(kernels) / steps:.0f} kernels per step, "
+             f"GPU busy {busy / 1000 / steps:.1f} ms per step ({busy / 1000 / wall_ms:.0%})", "",
+             "| kernel kind | ms per step | share of kernel time |", "|---|---|---|"]
+    total = sum(kinds.values())
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {kind} | {ms / steps:.1f} | {ms / total:.0%} |")
+    lines += ["", "| kernel | calls per step | ms per step |", "|---|---|---|"]
+    for name, durs in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:30]:
+        lines.append(f"| {name[:110]} | {len(durs) / steps:.0f} | {sum(durs) / steps:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
-    """Trace two compiled training steps (after warm-up and one untimed step) and write the kernel table."""
+    """After warm-up and one untimed step: the wall time of the parts of a step (forward and backward of all
+    micro-batches, the optimizer step; CUDA-synchronized, median of 3), then a torch.profiler trace of two
+    steps: the operator table (``<out>.txt``), the kernel summary by kind with the GPU's busy share
+    (``<out>.kernels.md``) and the trace itself (``<out>.trace.json.gz``, for chrome://tracing or Perfetto)."""
     from torch.profiler import ProfilerActivity, profile
 
     from speedrun.runlog import RunLog
-    from speedrun.train import _Run
+    from speedrun.train import _Run, train_step
     from speedrun.train_data import load_training_data
     from speedrun.train_launch import Launch, resolve_device
 
@@ -103,16 +145,43 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     run.warm_up()
     run.train(0)
     cuda = device.type == "cuda"
+
+    def timed(fn) -> float:
+        run.clock.sync()
+        start = time.perf_counter()
+        fn()
+        run.clock.sync()
+        return (time.perf_counter() - start) * 1000
+
+    batches = run.step_batches(1)
+    max_seq_len = config.batch_at(1)[1]
+    parts = {"forward + backward": [], "optimizer step": [], "zero_grad": []}
+    for _ in range(3):
+        parts["forward + backward"].append(timed(lambda: train_step(
+            run.forward, run.model, batches, device, run.autocast, 1, max_seq_len)))
+        parts["optimizer step"].append(timed(run.optimizers.step))
+        parts["zero_grad"].append(timed(run.optimizers.zero_grad))
+    lines = ["| part of a step (steps re-run on one batch) | ms (median of 3) |", "|---|---|"]
+    lines += [f"| {k} | {statistics.median(v):.1f} |" for k, v in parts.items()]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     run.clock.sync()
+    start = time.perf_counter()
     with profile(activities=activities) as prof:
-        for step in (1, 2):
+        for step in (2, 3):
             run.train(step)
         run.clock.sync()
+    wall_ms = (time.perf_counter() - start) * 1000
     run.close()
-    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40,
-                                      max_name_column_width=80)
-    out.write_text(table)
+    Path(f"{out}.txt").write_text(prof.key_averages().table(
+        sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40, max_name_column_width=80))
+    trace = Path(f"{out}.trace.json")
+    prof.export_chrome_trace(str(trace))
+    summary = "\n".join(lines) + "\n\n" + kernel_summary(trace, wall_ms, 2)
+    Path(f"{out}.kernels.md").write_text(summary)
+    print(summary, flush=True)
+    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
 
 
 def main() -> None:
@@ -144,7 +213,7 @@ def main() -> None:
                    torch=torch.__version__, host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
     if args.profile:
-        profile_steps(config, args.data, args.out / f"{args.name}.profile.txt")
+        profile_steps(config, args.data, args.out / f"{args.name}.profile")
     print(json.dumps(figures), flush=True)
     with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(figures) + "\n")

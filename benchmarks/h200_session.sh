@@ -5,6 +5,9 @@
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20 (+ profile), cold then warm start
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 30 steps: the issue 4 floor (572K tokens/s)
 #   bash benchmarks/h200_session.sh ablations  # full set without FP8 / paired heads, with varlen / CUDA graphs, 20 steps each
+#   bash benchmarks/h200_session.sh masks      # FlexAttention block-mask builders against create_block_mask
+#   bash benchmarks/h200_session.sh profile    # record28 and the full set, 10 steps each, profiled
+#   bash benchmarks/h200_session.sh quick      # the same without the profile
 # Figures go to $OUT (figures.jsonl, logs, profile tables).
 set -euo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -22,10 +25,11 @@ prepare_data() {   # the debian-docs train shard 4 times over (the race sees abo
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
-case "${1:?part: tests, race, record28 or ablations}" in
+case "${1:?part: tests, race, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_fp8.py \
-        tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_muon_banks.py tests/test_train.py \
+        tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_kernels_softcapped_ce.py \
+        tests/test_muon_banks.py tests/test_train.py \
         2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt" ;;
 race)
@@ -41,13 +45,24 @@ record28)
 ablations)
     prepare_data
     Q='--steps 20 --set window_schedule=[] --set untie_step=null --set final_window_long_blocks=null --set val_every=0'
-    for name in no-fp8:'{"cross_entropy":"full","fp8_head":false,"fp8_attention":false}' \
-                no-paired:'{"cross_entropy":"full","paired_head_layers":[]}' \
-                varlen:'{"cross_entropy":"full","attention_backend":"varlen"}'; do
+    for name in no-fp8:'{"fp8_head":false,"fp8_attention":false}' \
+                no-paired:'{"paired_head_layers":[]}' \
+                varlen:'{"attention_backend":"varlen"}'; do
         $BENCH --config benchmarks/configs/h200-race.yaml --name "${name%%:*}" $Q --set "model=${name#*:}" \
             2>&1 | tee "$OUT/${name%%:*}.out"
     done
     $BENCH --config benchmarks/configs/h200-race.yaml --name cuda-graphs $Q --set compile_mode='"reduce-overhead"' \
         2>&1 | tee "$OUT/cuda-graphs.out" ;;
+masks)
+    python benchmarks/flex_block_mask.py 2>&1 | tee "$OUT/flex-block-mask.txt" ;;
+profile|quick)
+    prepare_data
+    Q='--steps 10 --skip 3 --set window_schedule=[] --set untie_step=null --set final_window_long_blocks=null
+       --set val_every=0 --set val_tokens=196608'
+    [ "$1" = profile ] && Q="$Q --profile"
+    for config in record28 race; do
+        TORCH_LOGS=graph_breaks,recompiles $BENCH --config benchmarks/configs/h200-$config.yaml --name $config $Q \
+            --compile-cache $CACHE 2>&1 | tee "$OUT/$config.out"
+    done ;;
 *) echo "unknown part $1" >&2; exit 2 ;;
 esac
