@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from speedrun.model.loss import gradient_bound, softcap_logits, softcapped_cross_entropy
 
 KINDS = {"none": None, "tanh": (15.0, "tanh"), "shifted_sigmoid": (23.0, "shifted_sigmoid")}
+CONFIGS = (0, 3)          # indices into the kernel's autotune configs: BLOCK 2048 and 8192
 CASES = {  # name: (tokens, vocab)
     "one-block": (7, 1000),
     "ragged": (5, 2 * 4096 + 37),
@@ -104,18 +105,22 @@ def test_gradient_bound_holds_and_is_reached(kind):
 
 
 def _interpreter_child(out_path: Path) -> None:
-    """In the child (TRITON_INTERPRET=1): every case and softcap kind, with and without the gradient."""
-    from speedrun.kernels.softcapped_cross_entropy import SOFTCAP_KINDS, softcapped_cross_entropy_kernel
+    """In the child (TRITON_INTERPRET=1): every case and softcap kind, with and without the gradient, with
+    the smallest and a large autotune config (one at a time: the interpreter cannot benchmark)."""
+    from speedrun.kernels import softcapped_cross_entropy as module
 
     results = {}
-    for name, (tokens, vocab) in CASES.items():
-        for index, (kind, softcap) in enumerate(KINDS.items()):
-            logits, targets = random_case(tokens, vocab, seed=index)
-            cap, mode = (0.0, None) if softcap is None else softcap
-            losses, grad = softcapped_cross_entropy_kernel(logits, targets, cap, SOFTCAP_KINDS[mode], True, 3.0)
-            alone, empty = softcapped_cross_entropy_kernel(logits, targets, cap, SOFTCAP_KINDS[mode], False, 1.0)
-            results[(name, kind)] = dict(logits=logits, targets=targets, losses=losses, grad=grad, alone=alone,
-                                         empty=empty)
+    for config in CONFIGS:
+        module._softcapped_ce_kernel.configs = [module._CONFIGS[config]]
+        for name, (tokens, vocab) in CASES.items():
+            for index, (kind, softcap) in enumerate(KINDS.items()):
+                logits, targets = random_case(tokens, vocab, seed=index)
+                cap, mode = (0.0, None) if softcap is None else softcap
+                code = module.SOFTCAP_KINDS[mode]
+                losses, grad = module.softcapped_cross_entropy_kernel(logits, targets, cap, code, True, 3.0)
+                alone, empty = module.softcapped_cross_entropy_kernel(logits, targets, cap, code, False, 1.0)
+                results[(config, name, kind)] = dict(logits=logits, targets=targets, losses=losses, grad=grad,
+                                                     alone=alone, empty=empty)
     torch.save(results, out_path)
 
 
@@ -134,10 +139,11 @@ def interpreted(tmp_path_factory) -> dict:
     return torch.load(out)
 
 
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_interpreted_kernel_matches_float64_reference(interpreted, case, kind):
-    run = interpreted[(case, kind)]
+def test_interpreted_kernel_matches_float64_reference(interpreted, config, case, kind):
+    run = interpreted[(config, case, kind)]
     assert_matches(run["losses"], run["grad"], run["logits"], run["targets"], KINDS[kind], 3.0, f"{case} {kind}")
     assert torch.equal(run["alone"], run["losses"]) and run["empty"].numel() == 0
 
