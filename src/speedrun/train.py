@@ -107,12 +107,13 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
 
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
                device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
-               self_reduced: frozenset[int] = frozenset()) -> float:
+               self_reduced: frozenset[int] = frozenset()) -> torch.Tensor:
     """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
     as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
     number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
     the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters those
-    itself). Returns the step's mean train loss."""
+    itself). Returns the step's mean train loss as a (1,) fp32 tensor on ``device``, not read back: the
+    caller queues the optimizer step before waiting for it (no host sync inside a step, as in the records)."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for inputs, targets, cu_seqlens in micro_batches:
         with autocast():
@@ -122,7 +123,7 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
     mean = (total / len(micro_batches)).reshape(1)
     grads = [p.grad for p in model.parameters() if p.grad is not None and id(p) not in self_reduced]
     _all_reduce_mean(grads + [mean], world_size)
-    return float(mean.item())
+    return mean
 
 
 @torch.no_grad()
@@ -255,7 +256,9 @@ class _Run:
         return math.isfinite(val_loss)
 
     def train(self, step: int) -> bool:
-        """Optimizer step ``step`` (0-based) and its log line; False (and no update) on a non-finite loss."""
+        """Optimizer step ``step`` (0-based) and its log line; False on a non-finite loss (the run then stops:
+        the update was queued before the loss was read, so that the GPU never waits for the host between the
+        backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
         cfg = self.config
         self.optimizers.apply_schedule(step, cfg.schedule_config())
         self.set_windows(step)
@@ -264,11 +267,11 @@ class _Run:
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         max_seq_len = cfg.batch_at(step)[1]
         mine = self.step_batches(step)
-        loss = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
+        mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.self_reduced_parameters())
-        if math.isfinite(loss):
-            self.optimizers.step()
+        self.optimizers.step()
         self.optimizers.zero_grad()
+        loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))
         return math.isfinite(loss)
