@@ -29,9 +29,10 @@ case "${1:?part: tests, race, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_fp8.py \
         tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_kernels_softcapped_ce.py \
-        tests/test_muon_banks.py tests/test_train.py \
+        tests/test_muon_banks.py tests/test_train.py tests/test_kernels_qk_norm_rotary.py \
         2>&1 | tee "$OUT/gpu-tests.txt"
-    python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt" ;;
+    python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
+    python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt" ;;
 race)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE --profile \

@@ -1,7 +1,28 @@
 """Triton kernels for CUDA GPUs, each next to a pure-PyTorch reference elsewhere in the package.
 
 ``relu_square_mlp``: the fused ReLU² MLP (records #59, #87; reference :class:`speedrun.model.mlp.MLP`).
+``softcapped_cross_entropy``: loss and logit gradient in one pass (records #60, #75, #79; reference
+:func:`speedrun.model.loss.softcapped_cross_entropy` off CUDA).
+``qk_norm_rotary``: QK-norm and RoPE of q and k in one kernel (reference: ``rms_norm`` then
+:func:`speedrun.model.rotary.apply_rotary`; switch ``model.rotary_kernel``).
 
 Importing this package imports nothing (no Triton, no CUDA); import the kernel module you need, which needs
-the ``triton`` package.
+the ``triton`` package, or ask :func:`optional_kernel` for one of its functions.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+
+def optional_kernel(module: str, name: str) -> Callable[..., Any] | None:
+    """``speedrun.kernels.<module>.<name>``, or None when the ``triton`` package is not installed (a model
+    switch then raises when it is used on CUDA). Any other import error propagates."""
+    try:
+        loaded = importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        return None
+    return getattr(loaded, name)

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.errors import SpeedrunError
+from speedrun.kernels import optional_kernel
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
 from speedrun.model.fp8 import FP8Linear, fp8_linear
@@ -77,6 +79,9 @@ class CausalSelfAttention(nn.Module):
             init_input_(linear.weight)
         init_output_(self.o.weight)
         self.gate = AttentionGate(config.n_head) if layer in config.attention_gate_layers else None
+        self.rotary_kernel = config.rotary_kernel
+        self._qk_norm_rotary = (optional_kernel("qk_norm_rotary", "qk_norm_rotary")
+                                if config.rotary_kernel == "triton" else None)
 
     def forward(self, x: torch.Tensor, context: AttentionContext, window: int | None = None,
                 value_embed: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,17 +92,33 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._qkv(x).view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)  # (T, H, Dh) each
         if value_embed is not None:
             v = v + value_embed.view(shape).type_as(v)
-        q, k = rms_norm(q), rms_norm(k)
         if self.paired:
+            q, k = rms_norm(q), rms_norm(k)
             y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
                                  window, rope=self.rope, backend=self.backend)
         else:
-            q = apply_rotary(q, context.cos, context.sin, self.rope).type_as(v)
-            k = apply_rotary(k, context.cos, context.sin, self.rope).type_as(v)
+            q, k = self._norm_rotary(q, k, context)
             y = attention(q, k, v, context.docs, context.scale, window, backend=self.backend)  # v's dtype
         if self.gate is not None:
             y = y * self.gate(x).type_as(y)
         return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
+
+    def _norm_rotary(self, q: torch.Tensor, k: torch.Tensor, context: AttentionContext):
+        """QK-norm and RoPE of a non-paired layer: q, k (T, H, Dh) -> (T, H, Dh) each in q's dtype. With
+        ``rotary_kernel`` "triton" on CUDA: one fused kernel (:mod:`speedrun.kernels.qk_norm_rotary`; bf16 or
+        fp16, else :class:`SpeedrunError`, as without the triton package); otherwise, and on a CPU,
+        ``rms_norm`` then ``apply_rotary``."""
+        if self.rotary_kernel == "triton" and q.is_cuda:
+            if self._qk_norm_rotary is None:
+                raise SpeedrunError("model.rotary_kernel 'triton' needs the triton package, which is not installed")
+            if q.dtype not in (torch.bfloat16, torch.float16):
+                raise SpeedrunError(f"model.rotary_kernel 'triton' computes in bfloat16 or float16 (train dtype "
+                                    f"bfloat16 turns on autocast); got {q.dtype}")
+            return self._qk_norm_rotary(q, k, context.cos, context.sin, self.rope)
+        dtype = q.dtype                                               # v's dtype: q, k, v share the QKV product
+        q, k = rms_norm(q), rms_norm(k)
+        return (apply_rotary(q, context.cos, context.sin, self.rope).to(dtype),
+                apply_rotary(k, context.cos, context.sin, self.rope).to(dtype))
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C); FP8
@@ -135,3 +156,4 @@ class Block(nn.Module):
         if bigram is not None:
             x = x + bigram.type_as(x)
         return x + self.mlp(rms_norm(x))
+

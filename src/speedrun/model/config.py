@@ -30,6 +30,8 @@ CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
 MlpKernel = Literal["torch", "triton"]
 MLP_KERNELS: tuple[str, ...] = get_args(MlpKernel)
+RotaryKernel = Literal["torch", "triton"]
+ROTARY_KERNELS: tuple[str, ...] = get_args(RotaryKernel)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
 GATE_CHANNELS = 12
@@ -98,6 +100,10 @@ class GPTConfig:
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
             16-bit compute dtype only, the torch path elsewhere).
+        rotary_kernel: ``"torch"`` (``rms_norm`` then ``apply_rotary`` of q and k, the reference) or
+            ``"triton"``, QK-norm and RoPE fused in one kernel forward and one backward
+            (:mod:`speedrun.kernels.qk_norm_rotary`; records #2, #5, #17); non-paired layers only, on CUDA
+            with bf16/fp16 q and k, the torch path elsewhere.
         attention_backend: see :mod:`speedrun.model.attention`.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk; ``"fused"`` computes loss and logit gradients in one pass over bf16
@@ -142,6 +148,7 @@ class GPTConfig:
     fp8_attention: bool = False
     fp8_head: bool = False
     mlp_kernel: MlpKernel = "torch"
+    rotary_kernel: RotaryKernel = "torch"
     attention_backend: AttentionBackend = "sdpa_docs"
     cross_entropy: CrossEntropyImpl = "chunked"
     loss_chunk_tokens: int = 64
@@ -165,6 +172,7 @@ class GPTConfig:
         _check_mode("rope", self.rope, ROPE_MODES)
         _check_mode("softcap_kind", self.softcap_kind, SOFTCAP_KINDS)
         _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
+        _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head"):
             if not isinstance(getattr(self, name), bool):

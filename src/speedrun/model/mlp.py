@@ -11,12 +11,11 @@ Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the 
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
 from speedrun.errors import SpeedrunError
+from speedrun.kernels import optional_kernel
 from speedrun.model.config import MLP_KERNELS, GPTConfig, MlpKernel
 from speedrun.model.init import init_input_, init_output_
 
@@ -46,7 +45,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.mlp_hidden, config.model_dim, bias=False)
         init_input_(self.fc.weight)
         init_output_(self.proj.weight)
-        self._fused = _load_fused() if kernel == "triton" else None
+        self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if kernel == "triton" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "triton" and x.is_cuda:
@@ -62,14 +61,3 @@ class MLP(nn.Module):
             raise SpeedrunError(f"model.mlp_kernel 'triton' computes in bfloat16 or float16 (train dtype "
                                 f"bfloat16 turns on autocast); got {dtype}")
         return self._fused(x.to(dtype), self.fc.weight.to(dtype), self.proj.weight.to(dtype))
-
-
-def _load_fused() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """:func:`speedrun.kernels.relu_square_mlp.relu_square_mlp`, or None when triton is not installed."""
-    try:
-        from speedrun.kernels.relu_square_mlp import relu_square_mlp
-    except ModuleNotFoundError as e:
-        if e.name != "triton":
-            raise
-        return None
-    return relu_square_mlp
