@@ -21,10 +21,7 @@ strided views of a (T, 3·H·Dh) QKV tensor with T·H rows not a multiple of any
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.model.norm import rms_norm
 from speedrun.model.rotary import apply_rotary, rotary_frequencies, rotary_tables
+from triton_interpreter import interpreted_results
 
 # name -> (T, H, Dh, mode, R, gradient layout). T·H rows: 111, 87, 126, 78, 35 (none a multiple of 8, 16 or
 # 32); Dh = 24 has 12 pairs (a masked power-of-two block); R = Dh/2 in half_truncated turns every adjacent
@@ -144,17 +142,7 @@ def _interpreter_child(out_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs the triton package")
-    major, minor = (int(p) for p in importlib.metadata.version("triton").split(".")[:2])
-    if (major, minor) < (3, 7):
-        pytest.skip("Triton's interpreter needs triton >= 3.7 with NumPy 2.4")
-    out = tmp_path_factory.mktemp("interpreter") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out, weights_only=False)
+    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
 
 
 @pytest.mark.slow

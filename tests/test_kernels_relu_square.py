@@ -20,10 +20,6 @@ fp16 at the record's width, eager and under ``torch.compile(fullgraph=True)``.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +29,7 @@ import torch
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig
 from speedrun.model.mlp import MLP
+from triton_interpreter import interpreted_results
 
 # name -> (x shape, F, layout): several tiles with partial last rows and columns, K = C = 128 a multiple of
 # BLOCK_K; C = 96 and C = 32 (masked K); transposed (non-contiguous) x, weights, g_out and post; a 3-D x;
@@ -131,17 +128,7 @@ def _interpreter_child(out_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs the triton package")
-    major, minor = (int(p) for p in importlib.metadata.version("triton").split(".")[:2])
-    if (major, minor) < (3, 7):
-        pytest.skip("Triton's interpreter needs triton >= 3.7 with NumPy 2.4")
-    out = tmp_path_factory.mktemp("interpreter") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
+    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
 
 
 @pytest.mark.slow

@@ -17,10 +17,6 @@ record's vocabulary, eager and under ``torch.compile(fullgraph=True)``.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.loss import gradient_bound, softcap_logits, softcapped_cross_entropy
+from triton_interpreter import interpreted_results
 
 KINDS = {"none": None, "tanh": (15.0, "tanh"), "shifted_sigmoid": (23.0, "shifted_sigmoid")}
 CONFIGS = (0, 3)          # indices into the kernel's autotune configs: BLOCK 2048 and 8192
@@ -126,17 +123,7 @@ def _interpreter_child(out_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs the triton package")
-    major, minor = (int(p) for p in importlib.metadata.version("triton").split(".")[:2])
-    if (major, minor) < (3, 7):
-        pytest.skip("Triton's interpreter needs triton >= 3.7 with NumPy 2.4")
-    out = tmp_path_factory.mktemp("interpreter") / "results.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
+    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
 
 
 @pytest.mark.parametrize("config", CONFIGS)

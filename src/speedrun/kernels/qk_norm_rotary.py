@@ -155,7 +155,7 @@ def _norm_rotate_grad_rows(g_ptr, x_ptr, dx_ptr, rows, row_mask, t, h, stride_gt
 
 @triton.autotune(configs=_CONFIGS, key=["n_rows", "HEAD_DIM"])
 @triton.jit
-def _qk_norm_rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, n_rows, R, eps,
+def _qk_norm_rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, n_rows, R, eps: tl.constexpr,
                            stride_qt, stride_qh, stride_kt, stride_kh,
                            N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
                            FULL: tl.constexpr, BLOCK_ROWS: tl.constexpr):
@@ -171,7 +171,7 @@ def _qk_norm_rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
 @triton.autotune(configs=_CONFIGS, key=["n_rows", "HEAD_DIM"])
 @triton.jit
 def _qk_norm_rotary_grad_kernel(g_q_ptr, g_k_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, dq_ptr, dk_ptr, n_rows, R,
-                                eps, stride_gqt, stride_gqh, stride_gkt, stride_gkh,
+                                eps: tl.constexpr, stride_gqt, stride_gqh, stride_gkt, stride_gkh,
                                 stride_qt, stride_qh, stride_kt, stride_kh,
                                 N_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr,
                                 FULL: tl.constexpr, BLOCK_ROWS: tl.constexpr):
@@ -224,7 +224,8 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_meta(x: torch.Tensor, mode: str) -> dict:
-    """The shape constants of the kernels and the eps of x's dtype."""
+    """The shape constants of the kernels and the eps of x's dtype (a compile-time constant: Inductor would
+    pass a runtime float as fp64, promoting the norm to fp64)."""
     _, H, Dh = x.shape
     return {"eps": torch.finfo(x.dtype).eps, "N_HEADS": H, "HEAD_DIM": Dh,
             "BLOCK_HALF": triton.next_power_of_2(Dh // 2), "FULL": mode == "full"}
