@@ -93,9 +93,9 @@ def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
     Returns losses (T,) fp32 (fp64 for fp64 logits) and, with ``with_grad``, grad (T, V) in the logits'
     dtype (float8 e5m2 with ``e5m2``: then ``grad_mul`` must keep it below 57344, see
     :func:`gradient_bound`): ``dloss_t/dlogits_t · grad_mul`` = (softmax(y) - onehot) · dy/dz · grad_mul
-    (else None). On CUDA
-    the Triton kernel (:mod:`speedrun.kernels.softcapped_cross_entropy`, records #60, #75, #79); elsewhere
-    the same computation in PyTorch (fp32, or fp64 for fp64 logits), the reference of the tests."""
+    (else None). On CUDA the Triton kernel (:mod:`speedrun.kernels.softcapped_cross_entropy`, records #60,
+    #75, #79); elsewhere the same computation in PyTorch (fp32, or fp64 for fp64 logits), the reference of
+    the tests."""
     if logits.is_cuda:
         from speedrun.kernels.softcapped_cross_entropy import SOFTCAP_KINDS, softcapped_cross_entropy_kernel
 
@@ -156,10 +156,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         acc = torch.float32 if ctx.fp8 else _accumulation_dtype(grad.dtype)
         scale = (grad_loss.to(acc) * ctx.unscale).reshape(())                    # dL/dz = grad · scale
         if ctx.fp8:
-            x8, x_scale, w8, w_scale = operands
-            g8 = grad                                                            # (T, V) e5m2
-            dx = scaled_mm(g8, scale, w8.t().contiguous(), w_scale) if need_x else None
-            dw = scaled_mm(g8.t().contiguous(), scale, x8.t().contiguous(), x_scale) if need_w else None
+            x8, x_scale, w8, w_scale = operands                                 # grad: (T, V) e5m2
+            dx = scaled_mm(grad, scale, w8.t().contiguous(), w_scale) if need_x else None
+            dw = scaled_mm(grad.t().contiguous(), scale, x8.t().contiguous(), x_scale) if need_w else None
         else:
             xs, ws = operands
             dx = (grad @ ws).to(acc) * scale if need_x else None
