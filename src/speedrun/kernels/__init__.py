@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from speedrun.errors import SpeedrunError
+
 
 def optional_kernel(module: str, name: str) -> Callable[..., Any] | None:
     """``speedrun.kernels.<module>.<name>``, or None when the ``triton`` package is not installed (a model
@@ -26,3 +28,9 @@ def optional_kernel(module: str, name: str) -> Callable[..., Any] | None:
             raise
         return None
     return getattr(loaded, name)
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`SpeedrunError` with ``message`` unless ``condition``: the kernels' input checks."""
+    if not condition:
+        raise SpeedrunError(message)

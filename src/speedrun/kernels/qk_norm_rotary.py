@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from speedrun.errors import SpeedrunError
+from speedrun.kernels import require
 
 MODES = ("full", "half_truncated")
 # Memory-bound rows of Dh elements: BLOCK_ROWS rows of q and of k per program. Not yet measured on a GPU.
@@ -184,38 +184,40 @@ def _qk_norm_rotary_grad_kernel(g_q_ptr, g_k_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr
                            stride_kh, c, s, eps, HEAD_DIM, BLOCK_HALF, FULL)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise SpeedrunError(message)
-
 
 def _check_heads(name: str, *tensors: torch.Tensor) -> None:
     """(T, H, Dh) tensors of one shape, one dtype of _DTYPES, one device; Dh even."""
     first = tensors[0]
-    _check(all(t.dim() == 3 and t.shape == first.shape for t in tensors),
+    require(all(t.dim() == 3 and t.shape == first.shape for t in tensors),
            f"{name}: q, k (and their gradients) must be (T, H, Dh) of one shape, got "
            f"{[tuple(t.shape) for t in tensors]}")
-    _check(first.size(2) % 2 == 0, f"{name}: head_dim must be even (RoPE turns pairs), got {first.size(2)}")
-    _check(first.dtype in _DTYPES and all(t.dtype == first.dtype for t in tensors),
+    require(first.size(2) % 2 == 0, f"{name}: head_dim must be even (RoPE turns pairs), got {first.size(2)}")
+    require(first.dtype in _DTYPES and all(t.dtype == first.dtype for t in tensors),
            f"{name}: q, k must share one dtype of bfloat16, float16 or float32, got {[t.dtype for t in tensors]}")
-    _check(all(t.device == first.device for t in tensors),
+    require(all(t.device == first.device for t in tensors),
            f"{name}: q, k must be on one device, got {[str(t.device) for t in tensors]}")
 
 
 def _check_tables(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: str) -> None:
     """cos, sin (T, R) float32 on x's device; R = Dh/2 for "full", R <= Dh/2 for "half_truncated"."""
-    _check(mode in MODES, f"{name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    require(mode in MODES, f"{name}: mode must be one of {', '.join(MODES)}, got {mode!r}")
     T, _, Dh = x.shape
-    _check(cos.dim() == 2 and cos.shape == sin.shape and cos.size(0) == T,
+    require(cos.dim() == 2 and cos.shape == sin.shape and cos.size(0) == T,
            f"{name}: cos and sin must be (T, R) = ({T}, R), got {tuple(cos.shape)} and {tuple(sin.shape)}")
     R = cos.size(1)
-    _check(R == Dh // 2 if mode == "full" else R <= Dh // 2,
+    require(R == Dh // 2 if mode == "full" else R <= Dh // 2,
            f"{name}: mode {mode!r} with head_dim {Dh} takes R {'=' if mode == 'full' else '<='} {Dh // 2} "
            f"rotated pairs, got cos/sin with R = {R}")
-    _check(cos.dtype == sin.dtype == torch.float32,
+    require(cos.dtype == sin.dtype == torch.float32,
            f"{name}: cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
-    _check(cos.device == sin.device == x.device,
+    require(cos.device == sin.device == x.device,
            f"{name}: cos and sin must be on q's device {x.device}, got {cos.device} and {sin.device}")
+
+
+def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Two new contiguous (T, H, Dh) tensors of x's shape, dtype and device, and the T·H rows they hold."""
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(x.shape, dtype=x.dtype, device=x.device), x.size(0) * x.size(1))
 
 
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
@@ -248,9 +250,7 @@ def qk_norm_rotary_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin:
     _check_heads("qk_norm_rotary", q, k)
     _check_tables("qk_norm_rotary", q, cos, sin, mode)
     q, k, cos, sin = _unit_last(q), _unit_last(k), cos.contiguous(), sin.contiguous()
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)                        # (T, H, Dh)
-    k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    n_rows = q.size(0) * q.size(1)
+    q_out, k_out, n_rows = _outputs(q)                                                  # (T, H, Dh) each
     if n_rows == 0:
         return q_out, k_out
     wrap_triton(_qk_norm_rotary_kernel)[_grid(n_rows)](
@@ -272,9 +272,7 @@ def qk_norm_rotary_bwd(g_q: torch.Tensor, g_k: torch.Tensor, q: torch.Tensor, k:
     _check_tables("qk_norm_rotary backward", q, cos, sin, mode)
     g_q, g_k, q, k = (_unit_last(t) for t in (g_q, g_k, q, k))
     cos, sin = cos.contiguous(), sin.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)                           # (T, H, Dh)
-    dk = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    n_rows = q.size(0) * q.size(1)
+    dq, dk, n_rows = _outputs(q)                                                        # (T, H, Dh) each
     if n_rows == 0:
         return dq, dk
     wrap_triton(_qk_norm_rotary_grad_kernel)[_grid(n_rows)](
@@ -320,6 +318,6 @@ def qk_norm_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     Raises :class:`SpeedrunError` on mismatched shapes, dtypes or devices, an unknown mode, an R that does
     not fit the mode, or cos/sin that require a gradient.
     """
-    _check(not (cos.requires_grad or sin.requires_grad),
+    require(not (cos.requires_grad or sin.requires_grad),
            "qk_norm_rotary: cos and sin get no gradient; pass tables that do not require one")
     return _QKNormRotary.apply(q, k, cos, sin, mode)

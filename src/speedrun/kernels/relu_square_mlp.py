@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from speedrun.errors import SpeedrunError
+from speedrun.kernels import require
 
 # Measured on an H200 at T=49152, C=768, F=3072 (bf16, 2026-11-29; cuBLAS does either product in 0.36 ms):
 # the forward product takes 0.47 ms with 256x128 tiles, 8 warps, 4 stages; the backward 0.49 ms with 128x128
@@ -141,18 +141,14 @@ def _relu_square_grad_kernel(g_ptr, w_ptr, post_ptr, g_pre_ptr, M, N, K,
     tl.store(g_pre_ptr + out_offsets, g_pre.to(g_pre_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise SpeedrunError(message)
-
 
 def _check_operands(name: str, *tensors: torch.Tensor) -> None:
     first = tensors[0]
-    _check(all(t.dim() == 2 for t in tensors), f"{name}: operands must be 2-D, got shapes "
+    require(all(t.dim() == 2 for t in tensors), f"{name}: operands must be 2-D, got shapes "
                                                 f"{[tuple(t.shape) for t in tensors]}")
-    _check(first.dtype in _DTYPES and all(t.dtype == first.dtype for t in tensors),
+    require(first.dtype in _DTYPES and all(t.dtype == first.dtype for t in tensors),
            f"{name}: operands must share one dtype of bfloat16 or float16, got {[t.dtype for t in tensors]}")
-    _check(all(t.device == first.device for t in tensors),
+    require(all(t.device == first.device for t in tensors),
            f"{name}: operands must be on one device, got {[str(t.device) for t in tensors]}")
 
 
@@ -170,7 +166,7 @@ def relu_square_matmul(x: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
     Raises :class:`SpeedrunError` on shapes that do not chain, mixed or non-16-bit dtypes, mixed devices.
     """
     _check_operands("relu_square_matmul", x, w1)
-    _check(x.size(1) == w1.size(1), f"relu_square_matmul: x is {tuple(x.shape)} (T, C) but w1 is "
+    require(x.size(1) == w1.size(1), f"relu_square_matmul: x is {tuple(x.shape)} (T, C) but w1 is "
                                     f"{tuple(w1.shape)}, expected (F, {x.size(1)})")
     (M, K), N = x.shape, w1.size(0)
     post = torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -192,7 +188,7 @@ def relu_square_grad(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) 
     """
     _check_operands("relu_square_grad", g_out, w2, post)
     (M, K), N = g_out.shape, w2.size(1)
-    _check(w2.size(0) == K and tuple(post.shape) == (M, N),
+    require(w2.size(0) == K and tuple(post.shape) == (M, N),
            f"relu_square_grad: g_out {tuple(g_out.shape)} (T, C), w2 {tuple(w2.shape)} (C, F) and post "
            f"{tuple(post.shape)} (T, F) do not chain")
     g_pre = torch.empty((M, N), dtype=g_out.dtype, device=g_out.device)
@@ -233,7 +229,7 @@ def relu_square_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torc
     Raises :class:`SpeedrunError` on shapes that do not chain, mixed or non-16-bit dtypes, mixed devices.
     """
     chained = w1.dim() == 2 and w2.dim() == 2 and x.size(-1) == w1.size(1) and w2.shape == w1.shape[::-1]
-    _check(chained,
+    require(chained,
            f"relu_square_mlp: x {tuple(x.shape)} (..., C), w1 {tuple(w1.shape)} (F, C) and w2 "
            f"{tuple(w2.shape)} (C, F) do not chain")
     out = _ReluSquareMLP.apply(x.reshape(-1, x.size(-1)), w1, w2)

@@ -34,11 +34,9 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from speedrun.errors import SpeedrunError
+from speedrun.kernels import require
 
 SOFTCAP_KINDS = {None: 0, "tanh": 1, "shifted_sigmoid": 2}
-SIGMOID_SHIFT = 5.0
-SIGMOID_TEMPERATURE = 7.5
 # Columns per block and warps per row: autotuned per (V, kind, gradient) on the GPU. On the H200 (V = 50304,
 # T = 49152, bf16, tanh cap) BLOCK 4096 with 8 warps took 5.6 ms per call (2026-11-30, before autotuning).
 _CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps)
@@ -136,10 +134,6 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, losses_ptr, grad_ptr, V, stri
                 tl.store(grad_row + cols, d.to(grad_ptr.dtype.element_ty), mask=cols < V)
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise SpeedrunError(message)
-
 
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
 def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor, cap: float, kind: int,
@@ -153,13 +147,13 @@ def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor,
     ``with_grad``.
 
     Raises :class:`SpeedrunError` on a bad shape, stride or kind, or inputs on different devices."""
-    _check(logits.dim() == 2 and logits.stride(1) == 1,
+    require(logits.dim() == 2 and logits.stride(1) == 1,
            f"softcapped_cross_entropy: logits must be (T, V) with unit stride along V, got shape "
            f"{tuple(logits.shape)}, strides {logits.stride()}")
-    _check(targets.shape == (logits.size(0),) and targets.device == logits.device,
+    require(targets.shape == (logits.size(0),) and targets.device == logits.device,
            f"softcapped_cross_entropy: targets must be ({logits.size(0)},) on {logits.device}, got "
            f"{tuple(targets.shape)} on {targets.device}")
-    _check(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
+    require(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
     rows, vocab = logits.shape
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
