@@ -276,8 +276,9 @@ PRESETS: dict[str, GPTConfig] = {
     # gives about 2,200 and width 128 about 1,850.
     "tiny": GPTConfig(n_layer=4, model_dim=64, n_head=2, head_dim=32, mlp_ratio=4),
     # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; the fused cross-entropy
-    # (records #60, #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer indices are carried to 12 layers by keeping layers
-    # 0-6 and moving 7-10 to 8-11. Record switches: long windows on layer 3 and the last (HEAD 3 and 10),
+    # (records #60, #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer
+    # indices are carried to 12 layers by keeping layers 0-6 and moving 7-10 to 8-11. Record switches: long
+    # windows on layer 3 and the last (HEAD 3 and 10),
     # short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17); attention scale
     # 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9); value embeddings on layers 1, 2 and the
     # last three (HEAD 1, 2, 8, 9, 10); smear (#34); tied embedding and head (#51, untied by the training
@@ -285,6 +286,8 @@ PRESETS: dict[str, GPTConfig] = {
     # skip 3 -> 6 (#45, #55); the attention output gate on every layer (#28; the pre-MUDD records gate all
     # attention layers, HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 10 (HEAD
     # 0, 2, 5, 9; #58); FP8 head (#19) and QKV/O (2026-06-11). FlexAttention (the CPU tests override it).
+    # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
+    # docs/benchmarks.md); a CPU takes the PyTorch path.
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                          rope="half_truncated", attention_scale=0.1, yarn=True,
                          window_pattern="SSSLSSSSSSSL", window_short_blocks=1, window_long_blocks=3,
@@ -293,7 +296,8 @@ PRESETS: dict[str, GPTConfig] = {
                          bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
                          attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
-                         fp8_attention=True, fp8_head=True, attention_backend="flex", cross_entropy="fused"),
+                         fp8_attention=True, fp8_head=True, attention_backend="flex", cross_entropy="fused",
+                         rotary_kernel="triton"),
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
     # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
@@ -310,7 +314,7 @@ PRESETS: dict[str, GPTConfig] = {
                           value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
                           skip_connections="unet", attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
                           attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
-                          cross_entropy="fused"),
+                          cross_entropy="fused", rotary_kernel="triton"),
 }
 
 
