@@ -397,3 +397,34 @@ def test_merged_qkv_product_equals_the_three_projections():
     assert got.dtype == torch.bfloat16
     error = float((got.double() - exact).norm() / exact.norm())
     assert 1e-3 < error < 0.1                                     # quantized, and still the same product
+
+
+def test_flex_takes_the_windows_and_the_yarn_scale_as_graph_inputs():
+    """With FlexAttention the windows and the YaRN-rescaled attention scale are buffers that a compiled
+    graph reads, not constants it guards on: growing the windows (and rescaling) compiles nothing new, and
+    the captured graph's losses follow the new windows and scale as the reference backend's (which takes
+    Python numbers, and so recompiles at each change) do."""
+    from torch._dynamo.testing import CompileCounter
+
+    overrides = dict(rope="half_truncated", attention_scale=0.1, yarn=True, window_pattern="SL",
+                     window_block_size=4, cross_entropy="full")                  # one graph, no break
+    inputs, targets, cu = batch()
+    frames, losses = {}, {}
+    for backend in ("flex", "reference"):
+        torch._dynamo.reset()
+        model = small_model(**overrides, attention_backend=backend).eval()
+        counter = CompileCounter()
+        compiled = torch.compile(model, backend=counter, dynamic=False)
+        with torch.no_grad():
+            losses[backend] = []
+            for blocks in ((1, 3), (2, 3), (2, 7)):                   # 4/12, 8/12, 8/28 tokens; YaRN at 12 -> 28
+                model.set_window_blocks(*blocks)
+                losses[backend].append(compiled(inputs, targets, cu))
+        frames[backend] = counter.frame_count
+    torch._dynamo.reset()
+    assert frames == {"flex": 1, "reference": 3}
+    torch.testing.assert_close(losses["flex"], losses["reference"])
+    assert len({round(float(loss), 6) for loss in losses["flex"]}) == 3       # each change moves the loss
+    assert model.window_sizes.tolist() == [8, 28]
+    assert float(model.attention_scale_buffer) == model.attention_scale == pytest.approx(
+        0.1 * (1 + 0.2 * math.log(28 / 12)))

@@ -155,18 +155,22 @@ def validation_steps(config: TrainConfig) -> list[int]:
 
 
 def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
-    """``(step, "val" | "train")`` in the order the run meets them, one per graph the run compiles: the
-    training steps of :func:`warm_up_steps`, and the first validation step of every distinct (windows, tie)
-    state. Replayed in this order, the windows grow (and YaRN rescales) exactly as in the run, so each graph
-    is compiled with the values it will see."""
-    seen, val = set(), []
-    for step in validation_steps(config):
-        key = (config.window_blocks_at(step), config.untie_step is None or step <= config.untie_step)
+    """``(step, "val" | "train")`` in the order the run meets them, one per graph the run compiles: among the
+    validation steps and the training steps of :func:`warm_up_steps`, the first of each graph key (train or
+    val, tie state, the training batch shape, and the windows unless the model takes them as graph inputs:
+    with the ``flex`` backend, :class:`speedrun.model.gpt.GPT`). Replayed in this order, the windows grow
+    (and YaRN rescales) as in the run, so each graph is compiled with the values it will see."""
+    windows_are_inputs = config.model_config().attention_backend == "flex"
+    steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
+    seen, plan = set(), []
+    for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
+        tied = config.untie_step is None or step < config.untie_step or (step == config.untie_step and kind == "val")
+        key = (kind, tied, config.batch_at(step) if kind == "train" else None,
+               None if windows_are_inputs else config.window_blocks_at(step))
         if key not in seen:
             seen.add(key)
-            val.append((step, "val"))
-    train = [(step, "train") for step in warm_up_steps(config)]
-    return sorted(val + train, key=lambda p: (p[0], p[1] == "train"))    # a step's validation comes first
+            plan.append((step, kind))
+    return plan
 
 
 def warm_up_steps(config: TrainConfig) -> list[int]:
@@ -287,12 +291,13 @@ class _Run:
         if not self.config.compile:
             return 0.0
         model, cfg = self.model, self.config
-        saved = (model.window_blocks, model.rotary_frequencies.clone(), model.attention_scale, model.tied)
+        saved = model.schedule_state()
+        tied = model.tied
         for step, kind in warm_up_plan(cfg):
             self.set_windows(step)
             untied_before = cfg.untie_step is not None and (step > cfg.untie_step or (
                 step == cfg.untie_step and kind == "train"))
-            model.tied = saved[3] and not untied_before
+            model.tied = tied and not untied_before
             if kind == "val":
                 self.evaluate(self.val[:1], world_size=1)
                 continue
@@ -300,8 +305,7 @@ class _Run:
             inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
             with self.autocast():
                 self.forward(inputs, targets, cu_seqlens, max_seq_len).backward()
-        model.window_blocks, model.attention_scale, model.tied = saved[0], saved[2], saved[3]
-        model.rotary_frequencies.copy_(saved[1])
+        model.restore_schedule_state(saved)
         model.zero_grad(set_to_none=True)
         self.clock.sync()
         return _now() - start

@@ -18,7 +18,10 @@ Backends:
   ``cu_seqlens`` and the window (records #12, #13: FlexAttention with document masking and sliding windows).
   The block mask of each (window, length) is built once per forward pass and shared by the layers that use
   it (:class:`PackedDocuments` caches it). On CUDA the fused kernel (compiled); on a CPU the eager, unfused
-  implementation, forward only (torch has no CPU backward for it): a test and debugging path.
+  implementation, forward only (torch has no CPU backward for it): a test and debugging path. It also takes
+  the window as a 0-d integer tensor and the scale as a 0-d float tensor (applied as a ``score_mod``): then
+  they are inputs of a compiled graph, not constants, and a growing window or a YaRN rescale of the scale
+  compiles nothing new (:class:`speedrun.model.gpt.GPT` passes them so).
 * ``"varlen"``: ``torch.nn.attention.varlen.varlen_attn`` (PyTorch's flash-attention varlen kernel, the
   kernel family of record #29) with ``window_size = (W-1, 0)``; CUDA and bf16/fp16 only. It takes the
   longest document as a host integer: :class:`PackedDocuments` ``max_seqlen`` (the loader's ``max_seq_len``)
@@ -102,17 +105,20 @@ def register_backend(name: str) -> Callable[[Backend], Backend]:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments | torch.Tensor,
-              scale: float, window: int | None = None, *, backend: str = "reference") -> torch.Tensor:
+              scale: float | torch.Tensor, window: int | torch.Tensor | None = None, *,
+              backend: str = "reference") -> torch.Tensor:
     """Document-causal attention. q, k, v: (T, H, D), same dtype; docs: :class:`PackedDocuments` or
     ``cu_seqlens`` (S,) int32 from 0 to T; scale: multiplies q·k (e.g. D**-0.5); window: None or W >= 1
-    tokens (query i sees keys i-W+1..i). Returns (T, H, D) in the dtype of q. Raises ``ValueError`` for an
-    unknown backend, bad shapes, or a backend that cannot run on these inputs (``varlen`` off CUDA)."""
+    tokens (query i sees keys i-W+1..i). ``"flex"`` and ``"reference"`` also take a 0-d tensor scale and a
+    0-d integer tensor window (not checked here: the caller keeps it >= 1). Returns (T, H, D) in the dtype
+    of q. Raises ``ValueError`` for an unknown backend, bad shapes, or a backend that cannot run on these
+    inputs (``varlen`` off CUDA)."""
     if backend not in _BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; registered: {', '.join(_BACKENDS)}")
     if q.ndim != 3 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(f"q, k, v must share one (T, H, D) shape, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if window is not None and window < 1:
+    if isinstance(window, int) and window < 1:
         raise ValueError(f"window must be None or >= 1 token, got {window}")
     if isinstance(docs, torch.Tensor):
         docs = PackedDocuments(docs, q.size(0))
@@ -164,12 +170,24 @@ def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDo
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
           window: int | None) -> torch.Tensor:
     block_mask = docs.cached(("flex_block_mask", window), lambda: _flex_block_mask(docs, window, q.device))
-    out = _flex_function("flex_attention", q.is_cuda)(*_heads_first(q, k, v), block_mask=block_mask,
-                                                      scale=scale)
+    if isinstance(scale, torch.Tensor):                  # a graph input: scores times it, not a constant
+        score_mod, scale = _scaled_scores(scale), 1.0
+    else:
+        score_mod = None
+    out = _flex_function("flex_attention", q.is_cuda)(*_heads_first(q, k, v), score_mod=score_mod,
+                                                      block_mask=block_mask, scale=scale)
     return out[0].transpose(0, 1)                                                # (T, H, D)
 
 
-def _flex_block_mask(docs: PackedDocuments, window: int | None, device: torch.device) -> Any:
+def _scaled_scores(scale: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """FlexAttention score_mod multiplying each q·k score by the 0-d tensor ``scale`` (a captured buffer of
+    the fused kernel, read at run time)."""
+    def scaled(score, b, h, q_idx, kv_idx):
+        return score * scale
+    return scaled
+
+
+def _flex_block_mask(docs: PackedDocuments, window: int | torch.Tensor | None, device: torch.device) -> Any:
     """The FlexAttention block mask (128-token blocks) of document-causal attention within ``window``:
     :func:`document_block_mask` when the sequence is a whole number of blocks, else FlexAttention's own
     ``create_block_mask`` (which evaluates the mask on all T² pairs)."""
@@ -184,16 +202,17 @@ def _flex_block_mask(docs: PackedDocuments, window: int | None, device: torch.de
 FLEX_BLOCK_SIZE = 128
 
 
-def _document_causal_mod(ids: torch.Tensor, window: int | None) -> Callable[..., torch.Tensor]:
+def _document_causal_mod(ids: torch.Tensor, window: int | torch.Tensor | None) -> Callable[..., torch.Tensor]:
     """FlexAttention mask_mod: query q_idx sees key kv_idx of its own document, at or before it, and
-    (with ``window``) fewer than ``window`` tokens back. ``ids``: (T,) document index of each token."""
+    (with ``window``, an int or a 0-d integer tensor) fewer than ``window`` tokens back. ``ids``: (T,)
+    document index of each token."""
     def document_causal(b, h, q_idx, kv_idx):
         keep = (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
         return keep if window is None else keep & (q_idx - kv_idx < window)
     return document_causal
 
 
-def document_block_mask(ids: torch.Tensor, window: int | None, mask_mod: Callable[..., torch.Tensor],
+def document_block_mask(ids: torch.Tensor, window: int | torch.Tensor | None, mask_mod: Callable[..., torch.Tensor],
                         block_size: int = FLEX_BLOCK_SIZE) -> Any:
     """The FlexAttention ``BlockMask`` of document-causal attention within ``window`` tokens, built from
     each block's first and last document id in O((T / block_size)²) instead of evaluating ``mask_mod`` on

@@ -39,13 +39,13 @@ class AttentionContext:
     Fields: ``docs`` the packed documents (one :class:`PackedDocuments` per forward pass); ``cos``, ``sin``
     (T, R) rotary tables of the document positions; ``scale`` of q·k; ``paired_cos``, ``paired_sin``
     (2T, R) rotary tables of the doubled sequence (:func:`speedrun.model.paired.paired_positions`), or None
-    when no layer pairs its heads.
+    when no layer pairs its heads. ``scale`` is a float or (FlexAttention, YaRN) a 0-d tensor.
     """
 
     docs: PackedDocuments
     cos: torch.Tensor
     sin: torch.Tensor
-    scale: float
+    scale: float | torch.Tensor
     paired_cos: torch.Tensor | None = None
     paired_sin: torch.Tensor | None = None
 
@@ -83,7 +83,7 @@ class CausalSelfAttention(nn.Module):
         self._qk_norm_rotary = (optional_kernel("qk_norm_rotary", "qk_norm_rotary")
                                 if config.rotary_kernel == "triton" else None)
 
-    def forward(self, x: torch.Tensor, context: AttentionContext, window: int | None = None,
+    def forward(self, x: torch.Tensor, context: AttentionContext, window: int | torch.Tensor | None = None,
                 value_embed: torch.Tensor | None = None) -> torch.Tensor:
         """x: (T, C); context: the shared tables of this forward pass; window in tokens (in positions of the
         doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) added to v (records
@@ -144,7 +144,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_lambdas else None
 
-    def forward(self, x: torch.Tensor, x0: torch.Tensor, context: AttentionContext, window: int | None = None,
+    def forward(self, x: torch.Tensor, x0: torch.Tensor, context: AttentionContext,
+                window: int | torch.Tensor | None = None,
                 value_embed: torch.Tensor | None = None, bigram: torch.Tensor | None = None) -> torch.Tensor:
         """x, x0: (T, C); bigram: None or (T, C), already gated; the rest as for
         :class:`CausalSelfAttention`. Returns (T, C)."""

@@ -57,7 +57,12 @@ class GPT(nn.Module):
 
     Schedule state (not parameters): ``window_blocks`` (short, long) in blocks, set by
     :meth:`set_window_blocks`; the rotary frequencies (buffer ``rotary_frequencies`` (R,)) and
-    ``attention_scale``, which YaRN rescales when the long window grows (``config.yarn``).
+    ``attention_scale``, which YaRN rescales when the long window grows (``config.yarn``). With the
+    ``"flex"`` backend a forward pass reads the windows from the buffer ``window_sizes`` ((2,) int32 tokens,
+    short and long) and, with YaRN, the scale from ``attention_scale_buffer`` (0-d), both kept equal to that
+    state: under torch.compile they are graph inputs, so one graph serves every window stage and the final
+    validation window (each window stage recompiled the model otherwise: eight graphs for the H200 race of
+    docs/benchmarks.md, four now). Other backends take them as Python numbers (``varlen`` needs an int).
 
     Rotary tables: non-persistent buffers ``rotary_cos``, ``rotary_sin`` (P, R), P =
     ``config.rotary_positions``, the cos and sin of ``p * rotary_frequencies`` for p = 0..P-1
@@ -100,6 +105,9 @@ class GPT(nn.Module):
         self.register_buffer("rotary_sin", sin, persistent=False)
         self.attention_scale = config.attention_scale or config.head_dim ** -0.5
         self.window_blocks = (config.window_short_blocks, config.window_long_blocks)
+        self.register_buffer("window_sizes", torch.zeros(2, dtype=torch.int32), persistent=False)
+        self.register_buffer("attention_scale_buffer", torch.zeros(()), persistent=False)
+        self._write_schedule_buffers()
 
     @torch.no_grad()
     def set_window_blocks(self, short_blocks: int, long_blocks: int) -> None:
@@ -115,6 +123,29 @@ class GPT(nn.Module):
             self._rebuild_rotary_tables()
             self.attention_scale = yarn_attention_scale(self.attention_scale, old, new)
         self.window_blocks = (short_blocks, long_blocks)
+        self._write_schedule_buffers()
+
+    @torch.no_grad()
+    def _write_schedule_buffers(self) -> None:
+        """Copy the windows (in tokens) and the attention scale into ``window_sizes`` and
+        ``attention_scale_buffer``, in place (a compiled graph holds their storage)."""
+        block = self.config.window_block_size
+        self.window_sizes.copy_(torch.tensor([window_tokens(b, block) for b in self.window_blocks]))
+        self.attention_scale_buffer.fill_(self.attention_scale)
+
+    def schedule_state(self) -> tuple:
+        """A snapshot of the schedule state (windows, rotary frequencies, attention scale, tie) for
+        :meth:`restore_schedule_state` (the compiled warm-up replays the schedule, then puts it back)."""
+        return self.window_blocks, self.rotary_frequencies.clone(), self.attention_scale, self.tied
+
+    @torch.no_grad()
+    def restore_schedule_state(self, state: tuple) -> None:
+        """Put back a :meth:`schedule_state` snapshot: windows, rotary frequencies and tables, attention
+        scale (and their buffers), tie flag. The embedding weights are not touched."""
+        self.window_blocks, frequencies, self.attention_scale, self.tied = state
+        self.rotary_frequencies.copy_(frequencies)
+        self._rebuild_rotary_tables()
+        self._write_schedule_buffers()
 
     @torch.no_grad()
     def _rebuild_rotary_tables(self) -> None:
@@ -134,6 +165,7 @@ class GPT(nn.Module):
         or on the GPU."""
         super()._apply(fn, recurse)
         self._rebuild_rotary_tables()
+        self._write_schedule_buffers()                      # the scale exact in the new dtype, not a cast
         return self
 
     @torch.no_grad()
@@ -149,6 +181,22 @@ class GPT(nn.Module):
         """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``."""
         cfg = self.config
         return layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
+
+    def _schedule_inputs(self) -> bool:
+        """Whether a forward pass takes the windows and the scale from the buffers (the ``flex`` backend)."""
+        return self.config.attention_backend == "flex"
+
+    def _forward_windows(self) -> list[int | torch.Tensor | None]:
+        """:meth:`layer_windows` as a forward pass uses them: with :meth:`_schedule_inputs`, one 0-d tensor
+        per window kind (the same object for every layer of that kind, so that they share a block mask)."""
+        if not self._schedule_inputs():
+            return self.layer_windows()
+        cfg = self.config
+        if not cfg.window_pattern:
+            return [None] * cfg.n_layer
+        short, long = self.window_sizes.unbind()                                    # () int32 tokens each
+        by_kind = {"S": short, "L": long, "F": None}
+        return [by_kind[kind] for kind in cfg.window_pattern]
 
     def hidden_states(self, inputs: torch.Tensor, cu_seqlens: torch.Tensor,
                       max_seqlen: int | None = None) -> torch.Tensor:
@@ -174,7 +222,7 @@ class GPT(nn.Module):
         x = x0 if bigrams[0] is None else x0 + bigrams[0].type_as(x0)
         skips = self.skips if self.config.skip_connections != "none" else None
         outputs: dict[int, torch.Tensor] = {}
-        layers = zip(self.blocks, self.layer_windows(), value_embeds, [None] + bigrams[1:])
+        layers = zip(self.blocks, self._forward_windows(), value_embeds, [None] + bigrams[1:])
         for i, (block, window, ve, bigram) in enumerate(layers):
             if skips is not None:
                 x = skips(i, x, outputs)
@@ -193,7 +241,9 @@ class GPT(nn.Module):
         if self.config.paired_head_layers:
             doubled = paired_positions(positions)                                           # (2T,)
             paired_cos, paired_sin = self.rotary_cos[doubled], self.rotary_sin[doubled]     # (2T, R) each
-        return AttentionContext(docs, cos, sin, self.attention_scale, paired_cos, paired_sin)
+        dynamic_scale = self._schedule_inputs() and self.config.yarn                # rescaled during training
+        scale = self.attention_scale_buffer if dynamic_scale else self.attention_scale
+        return AttentionContext(docs, cos, sin, scale, paired_cos, paired_sin)
 
     def _check_rotary_positions(self, num_tokens: int) -> None:
         """Raise ``ValueError`` when a packed sequence of ``num_tokens`` tokens (a Python int, also under

@@ -51,11 +51,13 @@ def paired_positions(positions: torch.Tensor) -> torch.Tensor:
 
 
 def paired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments,
-                     cos: torch.Tensor, sin: torch.Tensor, scale: float, window: int | None = None, *,
+                     cos: torch.Tensor, sin: torch.Tensor, scale: float | torch.Tensor,
+                     window: int | torch.Tensor | None = None, *,
                      rope: RopeMode = "full", backend: str = "reference") -> torch.Tensor:
     """Paired-head document-causal attention. q, k: (T, H, Dh) QK-normed, not yet rotated; v: (T, H, Dh);
     docs: the T-token documents; cos, sin: (2T, R) rotary tables of :func:`paired_positions`; scale of q·k;
-    window in positions of the doubled sequence (tokens/2 of the original) or None; rope: the layout of
+    window in positions of the doubled sequence (tokens/2 of the original) or None (scale and window: as
+    :func:`speedrun.model.attention.attention` takes them); rope: the layout of
     :func:`speedrun.model.rotary.apply_rotary`; backend: of :func:`speedrun.model.attention.attention`.
     Returns (T, H, Dh) in v's dtype. Raises ``ValueError`` for an odd H."""
     q2 = apply_rotary(pair_heads(q), cos, sin, rope).type_as(v)                      # (2T, H/2, Dh)
