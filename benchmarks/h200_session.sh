@@ -2,22 +2,28 @@
 # The GPU checks of issues 4 and 6 on one H200, in parts that each fit one device call (< 10 minutes).
 # Run from the repository root with the debian-docs stage folders in .carry/dd (see docs/benchmarks.md):
 #   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
-#   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20 (+ profile), cold then warm start
+#   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20, cold then warm start (< 10 min)
+#   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 30 steps: the issue 4 floor (572K tokens/s)
 #   bash benchmarks/h200_session.sh ablations  # full set without FP8 / paired heads, with varlen / CUDA graphs, 20 steps each
 #   bash benchmarks/h200_session.sh masks      # FlexAttention block-mask builders against create_block_mask
 #   bash benchmarks/h200_session.sh profile    # record28 and the full set, 10 steps each, profiled
 #   bash benchmarks/h200_session.sh quick      # the same without the profile
-# Figures go to $OUT (figures.jsonl, logs, profile tables).
+# Figures go to $OUT (figures.jsonl, logs, profile tables); the runs print to files there as they go, so a
+# call stopped at its time limit still returns what ran. Environment: TESTS (test files of `tests`, default
+# all GPU ones), CONFIGS (configs of `profile`/`quick`, default "record28 race"), SET (extra `--set key=json`
+# arguments of every benchmark run, e.g. SET='--set model={"rotary_kernel":"torch"}').
 set -euo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
 DATA=/tmp/dd
 CACHE=/tmp/compile-cache
-BENCH="python benchmarks/gpu_speedrun.py --data $DATA --out $OUT"
+BENCH="python benchmarks/gpu_speedrun.py --data $DATA --out $OUT ${SET:-}"
+TESTS=${TESTS:-tests/test_attention.py tests/test_fp8.py tests/test_model_gpu.py tests/test_kernels_relu_square.py
+    tests/test_kernels_softcapped_ce.py tests/test_muon_banks.py tests/test_train.py tests/test_kernels_qk_norm_rotary.py}
 
-prepare_data() {   # the debian-docs train shard 4 times over (the race sees about 47M tokens; it holds 14M)
+prepare_data() {   # the debian-docs train shard 4 times over (the race reads 47M tokens; it holds 14M)
     [ -f $DATA/bos/manifest.json ] && return
     local d=.carry/dd/shards t=.carry/dd/shards/debiandocs_train_000001.bin
     python -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $t $t $t $t \
@@ -27,18 +33,20 @@ prepare_data() {   # the debian-docs train shard 4 times over (the race sees abo
 
 case "${1:?part: tests, race, record28, ablations, masks, profile or quick}" in
 tests)
-    python -m pytest -q -p no:cacheprovider -m gpu tests/test_attention.py tests/test_fp8.py \
-        tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_kernels_softcapped_ce.py \
-        tests/test_muon_banks.py tests/test_train.py tests/test_kernels_qk_norm_rotary.py \
-        2>&1 | tee "$OUT/gpu-tests.txt"
+    python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
     python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt" ;;
-race)
+race)   # cold: about 400 s of compile with every window stage a graph (2026-11-30), so no profile here
     prepare_data
-    $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE --profile \
-        2>&1 | tee "$OUT/race-full.out"
+    $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE \
+        2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-full.out"
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-warm-start --compile-cache $CACHE --steps 2 \
         --set val_every=0 2>&1 | tee "$OUT/race-warm-start.out" ;;
+long)
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-race.yaml --name long --steps 300 --set tokens_per_step=49152 \
+        --set micro_batches=1 --set val_every=50 --set untie_step=200 --set momentum_warmup_steps=70 \
+        2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/long.out" ;;
 record28)
     prepare_data
     $BENCH --config benchmarks/configs/h200-record28.yaml --name record28 --set window_schedule=[] \
@@ -61,7 +69,7 @@ profile|quick)
     Q='--steps 10 --skip 3 --set window_schedule=[] --set untie_step=null --set final_window_long_blocks=null
        --set val_every=0 --set val_tokens=196608'
     [ "$1" = profile ] && Q="$Q --profile"
-    for config in record28 race; do
+    for config in ${CONFIGS:-record28 race}; do
         TORCH_LOGS=graph_breaks,recompiles $BENCH --config benchmarks/configs/h200-$config.yaml --name $config $Q \
             --compile-cache $CACHE 2>&1 | tee "$OUT/$config.out"
     done ;;

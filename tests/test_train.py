@@ -170,12 +170,26 @@ def test_mismatched_world_size_and_too_little_data_fail_before_writing(synthetic
         run_training(two, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log,
                      env={"WORLD_SIZE": "1"})
     long = TrainConfig.from_dict({**QUICK, "steps": 10_000})
-    with pytest.raises(SpeedrunError, match="feed .* steps"):
+    with pytest.raises(SpeedrunError, match="feed .* steps") as short_of_data:
         run_training(long, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log, env={})
+    assert "max_seq_len" not in str(short_of_data.value)              # documents of 20-200 tokens, cut at 128
+    cut = TrainConfig.from_dict({**QUICK, "steps": 10_000, "max_seq_len": 16})
+    with pytest.raises(SpeedrunError, match="documents longer than max_seq_len 16 lose their tails"):
+        run_training(cut, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log, env={})
     with pytest.raises(SpeedrunError, match="manifest.json: not found"):
         run_training(TrainConfig.from_dict(QUICK), variant="v", seed=0, shards_dir=tmp_path, bos_dir=bos,
                      log_path=log, env={})
     assert not log.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_cut_documents_hint_by_hand():
+    from speedrun.planning import cut_documents_hint
+
+    # the H200 race of 2026-11-30: 4 copies of debian-docs' train shard fed 52 steps of 393,216 tokens
+    hint = cut_documents_hint(52, 393_216, 56_316_000, 2048)
+    assert hint == (" Those steps read about 20447232 of the 56316000 train tokens: documents longer than "
+                    "max_seq_len 2048 lose their tails; a larger max_seq_len uses more of them.")
+    assert cut_documents_hint(72, 393_216, 56_316_000, 2048) == ""     # 28.3M: half or more was read
 
 
 @pytest.fixture(scope="module")
@@ -311,15 +325,19 @@ def test_warm_up_covers_every_stage_start_and_the_untie_step():
 def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
     from speedrun.train import validation_steps, warm_up_plan
 
-    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 3,
-                                 "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
-                                 "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9,
-                                 "final_window_long_blocks": 4})
+    settings = {**QUICK, "steps": 12, "val_every": 3,
+                "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
+                "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9, "final_window_long_blocks": 4}
+    cfg = TrainConfig.from_dict(settings)
     assert validation_steps(cfg) == [0, 3, 6, 9, 12]
     # windows (1,1) until 4, (1,2) until 8, (2,3) after; validation at 9 is still tied, training at 9 is not
     assert warm_up_plan(cfg) == [(0, "val"), (0, "train"), (4, "train"), (6, "val"), (8, "train"), (9, "val"),
                                  (9, "train"), (12, "val")]
     assert warm_up_plan(TrainConfig.from_dict({**QUICK, "val_every": 0})) == [(0, "val"), (0, "train")]
+    # FlexAttention takes the windows as graph inputs: only the tie state splits the graphs
+    flex = TrainConfig.from_dict({**settings, "device": "cuda",
+                                  "model": {**settings["model"], "attention_backend": "flex"}})
+    assert warm_up_plan(flex) == [(0, "val"), (0, "train"), (9, "train"), (12, "val")]
 
 
 def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):

@@ -14,6 +14,7 @@ import numpy as np
 from speedrun.data.loader import steps_available
 from speedrun.data.shards import load_shard, sha256_file
 from speedrun.errors import SpeedrunError
+from speedrun.planning import cut_documents_hint
 from speedrun.runlog import sha256_text
 from speedrun.train_config import TrainConfig
 
@@ -72,8 +73,9 @@ def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
     fed = steps_available([len(s) for s in data.train_shards], data.train_bos, stages[0][1], stages[0][2],
                           config.micro_batches, config.steps, stages)
     if fed < config.steps:
+        hint = cut_documents_hint(fed, config.tokens_per_step, sum(map(len, data.train_shards)), config.max_seq_len)
         raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
-                            f"than train.steps = {config.steps}; add shards or lower steps")
+                            f"than train.steps = {config.steps}; add shards or lower steps.{hint}")
     if len(data.val_tokens) < config.val_tokens + 1:
         raise SpeedrunError(f"the validation shard holds {len(data.val_tokens)} tokens, fewer than "
                             f"train.val_tokens + 1 = {config.val_tokens + 1}")
