@@ -230,7 +230,8 @@ class _Run:
 
     def _compiled(self) -> Callable[..., torch.Tensor]:
         """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
-        batch shape, window setting and tie state is one graph; the recompile limit leaves room for them."""
+        batch shape and tie state is one graph, and every window setting too unless the model takes the
+        windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode = None if self.config.compile_mode == "default" else self.config.compile_mode
         return torch.compile(self.model, dynamic=False, mode=mode)

@@ -118,6 +118,8 @@ class GPT(nn.Module):
         block = self.config.window_block_size
         old, new = window_tokens(self.window_blocks[1], block), window_tokens(long_blocks, block)
         window_tokens(short_blocks, block)
+        if (short_blocks, long_blocks) == self.window_blocks:
+            return
         if self.config.yarn and new != old:
             self.rotary_frequencies.copy_(yarn_frequencies(self.rotary_frequencies, old, new))
             self._rebuild_rotary_tables()
@@ -127,10 +129,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def _write_schedule_buffers(self) -> None:
-        """Copy the windows (in tokens) and the attention scale into ``window_sizes`` and
-        ``attention_scale_buffer``, in place (a compiled graph holds their storage)."""
+        """Write the windows (in tokens) and the attention scale into ``window_sizes`` and
+        ``attention_scale_buffer`` in place (a compiled graph holds their storage), by fills: on a GPU no
+        copy from host memory, so no wait for the queued work."""
         block = self.config.window_block_size
-        self.window_sizes.copy_(torch.tensor([window_tokens(b, block) for b in self.window_blocks]))
+        for slot, blocks in enumerate(self.window_blocks):
+            self.window_sizes[slot].fill_(window_tokens(blocks, block))
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
