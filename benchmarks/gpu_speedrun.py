@@ -9,7 +9,8 @@ corpus, then reads the log back and prints one JSON line of figures:
   train_time of the log's train lines), ``tokens_per_s`` = tokens per step / step_ms;
 * ``mfu``: model FLOPs per token (:func:`flops_per_token`) x tokens/s against ``--peak-tflops`` (the
   H200's measured dense bf16 rate, 810 TFLOP/s);
-* ``peak_mib``: peak allocated memory; ``val``: every (step, train_time s, val_loss) of the log.
+* ``peak_mib``: peak allocated memory; ``val``: every (step, train_time s, val_loss) of the log;
+* ``graphs``: the graphs Dynamo compiled (:func:`compiled_graphs`; the profile's are not counted).
 
 With ``--profile`` it also times the parts of a step and traces two training steps with torch.profiler
 after the run (:func:`profile_steps`: ``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``).
@@ -52,6 +53,14 @@ def flops_per_token(model: GPTConfig, window_tokens: float) -> float:
     matrices = model.n_layer * (3 * c * a + a * c + 2 * c * f) + model.vocab_size * c
     attention = model.n_layer * 4 * a * window_tokens
     return 6.0 * matrices + 3.0 * attention
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo compiled in this process so far (``torch._dynamo.utils.counters``): for a training
+    run, one per graph key of :func:`speedrun.train.warm_up_plan` when nothing breaks a graph."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def load_settings(path: Path, overrides: list[str], steps: int | None) -> dict:
@@ -209,8 +218,9 @@ def main() -> None:
     run_training(config, variant=args.name, seed=0, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
                  log_path=log, env={})
     figures = summarize(config, log, args.skip, args.peak_tflops)
-    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                   torch=torch.__version__, host=socket.gethostname(), config=str(args.config),
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
+                   graphs=compiled_graphs(), host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
     if args.profile:
         profile_steps(config, args.data, args.out / f"{args.name}.profile")
