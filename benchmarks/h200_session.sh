@@ -5,7 +5,7 @@
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20, cold then warm start (< 10 min)
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 30 steps: the issue 4 floor (572K tokens/s)
-#   bash benchmarks/h200_session.sh ablations  # full set without FP8 / paired heads, with varlen / CUDA graphs, 20 steps each
+#   bash benchmarks/h200_session.sh ablations  # full set without FP8 (all, MLP) / paired heads, with varlen / CUDA graphs
 #   bash benchmarks/h200_session.sh masks      # FlexAttention block-mask builders against create_block_mask
 #   bash benchmarks/h200_session.sh profile    # record28 and the full set, 10 steps each, profiled
 #   bash benchmarks/h200_session.sh quick      # the same without the profile
@@ -54,7 +54,8 @@ record28)
 ablations)
     prepare_data
     Q='--steps 20 --set window_schedule=[] --set untie_step=null --set final_window_long_blocks=null --set val_every=0'
-    for name in no-fp8:'{"fp8_head":false,"fp8_attention":false}' \
+    for name in no-fp8:'{"fp8_head":false,"fp8_attention":false,"fp8_mlp":false}' \
+                no-fp8-mlp:'{"fp8_mlp":false}' \
                 no-paired:'{"paired_head_layers":[]}' \
                 varlen:'{"attention_backend":"varlen"}'; do
         $BENCH --config benchmarks/configs/h200-race.yaml --name "${name%%:*}" $Q --set "model=${name#*:}" \

@@ -205,11 +205,12 @@ def test_record_switches_are_the_gpt124m_defaults_and_off_in_tiny():
     assert (wide.bigram_vocab_size, wide.bigram_sign_trick) == (377280, True)
     assert (wide.skip_connections, wide.skip_from, wide.skip_to) == ("gated", 3, 6)
     assert wide.attention_gate_layers == tuple(range(12)) and wide.paired_head_layers == (0, 2, 5, 10)
-    assert (wide.fp8_attention, wide.fp8_head, wide.attention_backend) == (True, True, "flex")
+    assert (wide.fp8_attention, wide.fp8_head, wide.fp8_mlp, wide.attention_backend) == (True, True, True, "flex")
+    assert not PRESETS["record28"].fp8_mlp                                   # record #28 predates #84
     assert (tiny.rope, tiny.attention_scale, tiny.yarn, tiny.window_pattern) == ("full", None, False, "")
     assert (tiny.bigram_vocab_size, tiny.skip_connections, tiny.attention_gate_layers, tiny.paired_head_layers,
-            tiny.attention_free_layers, tiny.value_embed_tables, tiny.fp8_attention, tiny.fp8_head) == (
-        0, "none", (), (), (), 0, False, False)
+            tiny.attention_free_layers, tiny.value_embed_tables, tiny.fp8_attention, tiny.fp8_head,
+            tiny.fp8_mlp) == (0, "none", (), (), (), 0, False, False, False)
     with pytest.raises(SpeedrunError, match="yarn"):
         build_model_config("tiny", {"yarn": True})
     with pytest.raises(SpeedrunError, match="rope must be one of"):

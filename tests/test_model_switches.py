@@ -5,6 +5,7 @@ tables, the FP8 wiring; ln V at initialization and a gradient check with every s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -219,6 +220,40 @@ def test_shared_value_embedding_tables_repeat_in_turn():
     assert out[5] is None and len(ValueEmbeddings(10, 4, (0, 1), tables=0).tables) == 2
     with pytest.raises(SpeedrunError, match="value_embed_tables must be an integer in 0..2"):
         build_model_config("tiny", {"value_embed_layers": [0, 1], "value_embed_tables": 3})
+
+
+def test_fp8_mlp_runs_both_products_in_fp8_in_training_only():
+    """``fp8_mlp`` (records #84, #89): in training the MLP is within FP8 tolerance of the plain one (output
+    and gradients; the backward products are bf16, so the gradients differ only through the forward's
+    rounding of relu(pre)), in evaluation it equals it exactly; with the fused kernel it is refused."""
+    from speedrun.model.mlp import MLP
+
+    cfg = build_model_config("tiny", {**SMALL, "fp8_mlp": True})
+    torch.manual_seed(0)
+    fp8 = MLP(cfg)
+    plain = MLP(dataclasses.replace(cfg, fp8_mlp=False))
+    with torch.no_grad():
+        fp8.proj.weight.normal_(0, 0.05)                                      # proj starts at zero
+        plain.load_state_dict(fp8.state_dict())
+    assert fp8.fc.fp8 and fp8.proj.fp8 and not plain.fc.fp8
+    x = torch.randn(64, SMALL["model_dim"], generator=torch.Generator().manual_seed(1))
+    outs, grads = {}, {}
+    for name, mlp in (("fp8", fp8), ("plain", plain)):
+        xi = x.clone().requires_grad_()
+        outs[name] = mlp.train()(xi)
+        outs[name].float().square().sum().backward()
+        grads[name] = (xi.grad, mlp.fc.weight.grad, mlp.proj.weight.grad)
+    assert outs["fp8"].dtype == torch.bfloat16                                   # _scaled_mm's output
+    rel = (outs["fp8"].float() - outs["plain"]).norm() / outs["plain"].norm()
+    assert 1e-3 < rel < 0.1       # e4m3 roundings of x, W1, relu(pre)², W2 (2^-4 each; 0.066 here), not zero
+    for got, want in zip(grads["fp8"], grads["plain"]):
+        assert ((got - want).norm() / want.norm()) < 0.15
+    with torch.no_grad():
+        torch.testing.assert_close(fp8.eval()(x), plain.eval()(x), rtol=0, atol=0)
+    with pytest.raises(SpeedrunError, match="fp8_mlp needs model.mlp_kernel 'torch'.*'triton'"):
+        build_model_config("tiny", {"fp8_mlp": True, "mlp_kernel": "triton"})
+    with pytest.raises(SpeedrunError, match="model.fp8_mlp must be true or false"):
+        build_model_config("tiny", {"fp8_mlp": 1})
 
 
 def test_fp8_switches_reach_the_projections_and_the_head(monkeypatch):

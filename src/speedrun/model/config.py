@@ -97,6 +97,11 @@ class GPTConfig:
         fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
             :mod:`speedrun.model.fp8`).
         fp8_head: the training forward of the LM head in FP8 (record #19).
+        fp8_mlp: the training forward of the MLP's up projection (record #84) and down projection (#89) in
+            FP8, backward in bf16 as in the records. Both scales are dynamic (amax / 448 per call): the
+            record quantizes its weights once per optimizer step and scales the down projection's input
+            by a delayed amax (speedrun-spec.md 2.4); the values are the same for the weights and exact
+            for the input. Needs ``mlp_kernel: torch`` (the fused kernel computes in bf16).
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
             16-bit compute dtype only, the torch path elsewhere).
@@ -147,6 +152,7 @@ class GPTConfig:
     attention_free_layers: tuple[int, ...] = ()
     fp8_attention: bool = False
     fp8_head: bool = False
+    fp8_mlp: bool = False
     mlp_kernel: MlpKernel = "torch"
     rotary_kernel: RotaryKernel = "torch"
     attention_backend: AttentionBackend = "sdpa_docs"
@@ -174,9 +180,13 @@ class GPTConfig:
         _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
-        for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head"):
+        for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
+                     "fp8_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.fp8_mlp and self.mlp_kernel != "torch":
+            raise SpeedrunError(f"model.fp8_mlp needs model.mlp_kernel 'torch' (the fused ReLU² kernel computes "
+                                f"in bf16), got mlp_kernel {self.mlp_kernel!r}")
         for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers"):
             self._check_layers(name)
         self._check_windows_and_rope()
@@ -285,7 +295,8 @@ PRESETS: dict[str, GPTConfig] = {
     # untie_step, #53); bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated
     # skip 3 -> 6 (#45, #55); the attention output gate on every layer (#28; the pre-MUDD records gate all
     # attention layers, HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 10 (HEAD
-    # 0, 2, 5, 9; #58); FP8 head (#19) and QKV/O (2026-06-11). FlexAttention (the CPU tests override it).
+    # 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and QKV/O (2026-06-11). FlexAttention (the CPU tests
+    # override it).
     # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
     # docs/benchmarks.md); a CPU takes the PyTorch path.
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
@@ -296,8 +307,8 @@ PRESETS: dict[str, GPTConfig] = {
                          bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
                          attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
-                         fp8_attention=True, fp8_head=True, attention_backend="flex", cross_entropy="fused",
-                         rotary_kernel="triton"),
+                         fp8_attention=True, fp8_head=True, fp8_mlp=True, attention_backend="flex",
+                         cross_entropy="fused", rotary_kernel="triton"),
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
     # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by

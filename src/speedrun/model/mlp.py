@@ -6,7 +6,9 @@ Two implementations of the same function and parameters, chosen by ``kernel`` (`
 ``"torch"``, the reference (two ``nn.Linear`` products around ``relu(.)²``, autograd keeps ``pre`` and
 ``post``), and ``"triton"``, the fused kernel of records #59 and #87 (:mod:`speedrun.kernels.relu_square_mlp`:
 the forward stores only ``post = relu(pre)²``, the backward rebuilds ``relu(pre) = sqrt(post)``). The
-Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the switch says.
+Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the switch says. With
+``GPTConfig.fp8_mlp`` the reference's two products run in FP8 in training (records #84, #89;
+:class:`speedrun.model.fp8.FP8Linear`: per-tensor dynamic scales, bf16 backward).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from speedrun.errors import SpeedrunError
 from speedrun.kernels import optional_kernel
 from speedrun.model.config import MLP_KERNELS, GPTConfig, MlpKernel
+from speedrun.model.fp8 import FP8Linear
 from speedrun.model.init import init_input_, init_output_
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
@@ -27,6 +30,7 @@ class MLP(nn.Module):
     zero, so a fresh block adds nothing to the residual stream (record #5).
 
     ``kernel``: ``"torch"`` or ``"triton"`` (see the module docstring); None reads ``config.mlp_kernel``.
+    ``fc`` and ``proj`` are :class:`speedrun.model.fp8.FP8Linear` (FP8 in training with ``config.fp8_mlp``).
     Both kernels hold the same parameters ``fc.weight`` and ``proj.weight``, so optimizer groups and
     checkpoints do not depend on the switch. The Triton path computes in the autocast dtype when autocast
     is on, else in x's dtype, which must be bf16 or fp16.
@@ -41,8 +45,8 @@ class MLP(nn.Module):
         if kernel not in MLP_KERNELS:
             raise SpeedrunError(f"model.mlp_kernel must be one of {', '.join(MLP_KERNELS)}; got {kernel!r}")
         self.kernel: MlpKernel = kernel
-        self.fc = nn.Linear(config.model_dim, config.mlp_hidden, bias=False)
-        self.proj = nn.Linear(config.mlp_hidden, config.model_dim, bias=False)
+        self.fc = FP8Linear(config.model_dim, config.mlp_hidden, fp8=config.fp8_mlp)
+        self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp)
         init_input_(self.fc.weight)
         init_output_(self.proj.weight)
         self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if kernel == "triton" else None
