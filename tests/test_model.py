@@ -429,3 +429,8 @@ def test_flex_takes_the_windows_and_the_yarn_scale_as_graph_inputs():
     assert model.window_sizes.tolist() == [8, 28]
     assert float(model.attention_scale_buffer) == model.attention_scale == pytest.approx(
         0.1 * (1 + 0.2 * math.log(28 / 12)))
+    half = small_model(torch.float32, **overrides, attention_backend="flex")
+    half.set_window_blocks(2, 7)
+    half = half.bfloat16()                                # a 16-bit model keeps the scale in fp32, not rounded
+    assert half.attention_scale_buffer.dtype == torch.float32
+    assert float(half.attention_scale_buffer) == pytest.approx(half.attention_scale, rel=1e-7)

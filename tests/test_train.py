@@ -338,6 +338,11 @@ def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
     flex = TrainConfig.from_dict({**settings, "device": "cuda",
                                   "model": {**settings["model"], "attention_backend": "flex"}})
     assert warm_up_plan(flex) == [(0, "val"), (0, "train"), (9, "train"), (12, "val")]
+    # other backends compile each training stage start: back at windows (1, 2) at step 8, YaRN's scale (a
+    # float there) is not what it was at step 0
+    back = TrainConfig.from_dict({**settings, "model": {**settings["model"], "yarn": True, "rope": "half_truncated"},
+                                  "window_schedule": [[1, 2], [1, 3], [1, 2]], "untie_step": None})
+    assert [step for step, kind in warm_up_plan(back) if kind == "train"] == [0, 4, 8]
 
 
 def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):

@@ -155,18 +155,21 @@ def validation_steps(config: TrainConfig) -> list[int]:
 
 
 def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
-    """``(step, "val" | "train")`` in the order the run meets them, one per graph the run compiles: among the
-    validation steps and the training steps of :func:`warm_up_steps`, the first of each graph key (train or
-    val, tie state, the training batch shape, and the windows unless the model takes them as graph inputs:
-    with the ``flex`` backend, :class:`speedrun.model.gpt.GPT`). Replayed in this order, the windows grow
-    (and YaRN rescales) as in the run, so each graph is compiled with the values it will see."""
+    """``(step, "val" | "train")`` in the order the run meets them, covering every graph the run compiles:
+    the first validation step of each (windows, tie) state, and the training steps of :func:`warm_up_steps`.
+    With the ``flex`` backend the model takes the windows (and YaRN's scale) as graph inputs
+    (:class:`speedrun.model.gpt.GPT`), so only the first step of each (train or val, tie state, training
+    batch shape) is kept. Replayed in this order, the windows grow (and YaRN rescales) as in the run, so
+    each graph is compiled with the values it will see."""
     windows_are_inputs = config.model_config().attention_backend == "flex"
     steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
     seen, plan = set(), []
     for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
         tied = config.untie_step is None or step < config.untie_step or (step == config.untie_step and kind == "val")
-        key = (kind, tied, config.batch_at(step) if kind == "train" else None,
-               None if windows_are_inputs else config.window_blocks_at(step))
+        if windows_are_inputs:
+            key = (kind, tied, config.batch_at(step) if kind == "train" else None)
+        else:         # every training stage start: the windows and YaRN's scale (a float here) change there
+            key = (kind, step) if kind == "train" else (kind, tied, config.window_blocks_at(step))
         if key not in seen:
             seen.add(key)
             plan.append((step, kind))
@@ -174,8 +177,9 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
 
 
 def warm_up_steps(config: TrainConfig) -> list[int]:
-    """The steps whose graphs an untimed warm-up compiles: 0, each batch-size and window stage start, the
-    untie step (records since #21 warm up on the steps where a shape or a schedule changes)."""
+    """The training steps where a graph may change: 0, each batch-size and window stage start, the untie
+    step (records since #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan`
+    replays them, all or (windows as graph inputs) one per graph."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
     if config.window_schedule:
         steps |= set(stage_starts(config.steps, len(config.window_schedule)))

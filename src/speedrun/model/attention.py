@@ -17,7 +17,8 @@ Backends:
 * ``"flex"``: ``torch.nn.attention.flex_attention`` with a block mask (128-token blocks) built from
   ``cu_seqlens`` and the window (records #12, #13: FlexAttention with document masking and sliding windows).
   The block mask of each (window, length) is built once per forward pass and shared by the layers that use
-  it (:class:`PackedDocuments` caches it). On CUDA the fused kernel (compiled); on a CPU the eager, unfused
+  it (:class:`PackedDocuments` caches it; a tensor window by identity, so equal short and long windows
+  build two). On CUDA the fused kernel (compiled); on a CPU the eager, unfused
   implementation, forward only (torch has no CPU backward for it): a test and debugging path. It also takes
   the window as a 0-d integer tensor and the scale as a 0-d float tensor (applied as a ``score_mod``): then
   they are inputs of a compiled graph, not constants, and a growing window or a YaRN rescale of the scale

@@ -59,10 +59,11 @@ class GPT(nn.Module):
     :meth:`set_window_blocks`; the rotary frequencies (buffer ``rotary_frequencies`` (R,)) and
     ``attention_scale``, which YaRN rescales when the long window grows (``config.yarn``). With the
     ``"flex"`` backend a forward pass reads the windows from the buffer ``window_sizes`` ((2,) int32 tokens,
-    short and long) and, with YaRN, the scale from ``attention_scale_buffer`` (0-d), both kept equal to that
-    state: under torch.compile they are graph inputs, so one graph serves every window stage and the final
-    validation window (each window stage recompiled the model otherwise: eight graphs for the H200 race of
-    docs/benchmarks.md, four now). Other backends take them as Python numbers (``varlen`` needs an int).
+    short and long) and, with YaRN, the scale from ``attention_scale_buffer`` (0-d, fp32, float64 in a
+    ``.double()`` model), both kept equal to that state: under torch.compile they are graph inputs, so one
+    graph serves every window stage and the final validation window (each window stage recompiled the model
+    otherwise: eight graphs for the H200 race of docs/benchmarks.md, four now). Other backends take them as
+    Python numbers (``varlen`` needs an int).
 
     Rotary tables: non-persistent buffers ``rotary_cos``, ``rotary_sin`` (P, R), P =
     ``config.rotary_positions``, the cos and sin of ``p * rotary_frequencies`` for p = 0..P-1
@@ -135,6 +136,8 @@ class GPT(nn.Module):
         block = self.config.window_block_size
         for slot, blocks in enumerate(self.window_blocks):
             self.window_sizes[slot].fill_(window_tokens(blocks, block))
+        if self.attention_scale_buffer.dtype in (torch.bfloat16, torch.float16):     # a 16-bit cast model
+            self.attention_scale_buffer = self.attention_scale_buffer.float()        # keeps an fp32 scale
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
@@ -169,7 +172,7 @@ class GPT(nn.Module):
         or on the GPU."""
         super()._apply(fn, recurse)
         self._rebuild_rotary_tables()
-        self._write_schedule_buffers()                      # the scale exact in the new dtype, not a cast
+        self._write_schedule_buffers()           # the scale from the float (fp32 at least), not a cast of it
         return self
 
     @torch.no_grad()
