@@ -161,7 +161,7 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
     (:class:`speedrun.model.gpt.GPT`), so only the first step of each (train or val, tie state, training
     batch shape) is kept. Replayed in this order, the windows grow (and YaRN rescales) as in the run, so
     each graph is compiled with the values it will see."""
-    windows_are_inputs = config.model_config().attention_backend == "flex"
+    windows_are_inputs = config.model_config().schedule_as_graph_inputs
     steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
     seen, plan = set(), []
     for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first

@@ -168,8 +168,8 @@ def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDo
 
 
 @register_backend("flex")
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
-          window: int | None) -> torch.Tensor:
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float | torch.Tensor,
+          window: int | torch.Tensor | None) -> torch.Tensor:
     block_mask = docs.cached(("flex_block_mask", window), lambda: _flex_block_mask(docs, window, q.device))
     if isinstance(scale, torch.Tensor):                  # a graph input: scores times it, not a constant
         score_mod, scale = _scaled_scores(scale), 1.0

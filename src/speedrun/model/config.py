@@ -194,6 +194,13 @@ class GPTConfig:
         self._check_attention_layers()
         self._check_skips()
 
+    @property
+    def schedule_as_graph_inputs(self) -> bool:
+        """Whether a forward pass reads the windows and YaRN's attention scale from tensors (graph inputs
+        under torch.compile, :class:`speedrun.model.gpt.GPT`) rather than Python numbers: with the ``flex``
+        backend, the one that takes them so."""
+        return self.attention_backend == "flex"
+
     def _check_layers(self, name: str) -> None:
         """A per-layer switch: increasing layer indices in 0..n_layer-1 (a list from YAML becomes a tuple)."""
         layers = getattr(self, name)

@@ -36,7 +36,7 @@ from speedrun.model.packing import document_positions
 from speedrun.model.paired import paired_positions
 from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
-from speedrun.model.windows import layer_windows, window_tokens
+from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
 ParamKind = Literal["embed", "head", "matrix", "scalar"]
 TIED_HEAD_STD = 0.005
@@ -136,8 +136,6 @@ class GPT(nn.Module):
         block = self.config.window_block_size
         for slot, blocks in enumerate(self.window_blocks):
             self.window_sizes[slot].fill_(window_tokens(blocks, block))
-        if self.attention_scale_buffer.dtype in (torch.bfloat16, torch.float16):     # a 16-bit cast model
-            self.attention_scale_buffer = self.attention_scale_buffer.float()        # keeps an fp32 scale
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
@@ -172,7 +170,9 @@ class GPT(nn.Module):
         or on the GPU."""
         super()._apply(fn, recurse)
         self._rebuild_rotary_tables()
-        self._write_schedule_buffers()           # the scale from the float (fp32 at least), not a cast of it
+        if self.attention_scale_buffer.dtype in (torch.bfloat16, torch.float16):     # a 16-bit cast model
+            self.attention_scale_buffer = self.attention_scale_buffer.float()        # keeps an fp32 scale
+        self._write_schedule_buffers()                           # from the float, not a cast of it
         return self
 
     @torch.no_grad()
@@ -189,21 +189,14 @@ class GPT(nn.Module):
         cfg = self.config
         return layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
 
-    def _schedule_inputs(self) -> bool:
-        """Whether a forward pass takes the windows and the scale from the buffers (the ``flex`` backend)."""
-        return self.config.attention_backend == "flex"
-
     def _forward_windows(self) -> list[int | torch.Tensor | None]:
-        """:meth:`layer_windows` as a forward pass uses them: with :meth:`_schedule_inputs`, one 0-d tensor
-        per window kind (the same object for every layer of that kind, so that they share a block mask)."""
-        if not self._schedule_inputs():
-            return self.layer_windows()
+        """:meth:`layer_windows` as a forward pass uses them: with ``config.schedule_as_graph_inputs``, one
+        0-d int32 tensor per window kind (the same object for every layer of that kind, so that they share a
+        block mask)."""
         cfg = self.config
-        if not cfg.window_pattern:
-            return [None] * cfg.n_layer
-        short, long = self.window_sizes.unbind()                                    # () int32 tokens each
-        by_kind = {"S": short, "L": long, "F": None}
-        return [by_kind[kind] for kind in cfg.window_pattern]
+        if not cfg.schedule_as_graph_inputs:
+            return self.layer_windows()
+        return per_layer(cfg.window_pattern, cfg.n_layer, *self.window_sizes.unbind())   # () tokens each
 
     def hidden_states(self, inputs: torch.Tensor, cu_seqlens: torch.Tensor,
                       max_seqlen: int | None = None) -> torch.Tensor:
@@ -248,7 +241,7 @@ class GPT(nn.Module):
         if self.config.paired_head_layers:
             doubled = paired_positions(positions)                                           # (2T,)
             paired_cos, paired_sin = self.rotary_cos[doubled], self.rotary_sin[doubled]     # (2T, R) each
-        dynamic_scale = self._schedule_inputs() and self.config.yarn                # rescaled during training
+        dynamic_scale = self.config.schedule_as_graph_inputs and self.config.yarn   # rescaled during training
         scale = self.attention_scale_buffer if dynamic_scale else self.attention_scale
         return AttentionContext(docs, cos, sin, scale, paired_cos, paired_sin)
 

@@ -11,6 +11,9 @@ themselves are counted in blocks of ``block_size`` tokens (128 in the speedrun) 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
 WINDOW_KINDS = ("S", "L", "F")
 
 
@@ -38,9 +41,14 @@ def layer_windows(pattern: str, n_layer: int, short_blocks: int, long_blocks: in
                   block_size: int) -> list[int | None]:
     """Per layer, the window in tokens (None: the whole document) for the current ``short_blocks`` and
     ``long_blocks``. An empty ``pattern`` gives None for every layer."""
+    return per_layer(pattern, n_layer, window_tokens(short_blocks, block_size),
+                     window_tokens(long_blocks, block_size))
+
+
+def per_layer(pattern: str, n_layer: int, short: T, long: T) -> list[T | None]:
+    """Per layer, ``short`` for an ``S``, ``long`` for an ``L`` and None for an ``F`` of ``pattern`` (None for
+    every layer when it is empty): the same object for every layer of a kind, whatever it is (tokens as ints,
+    or 0-d tensors that a compiled graph reads). Raises ``ValueError`` as :func:`check_window_pattern`."""
     check_window_pattern(pattern, n_layer)
-    if pattern == "":
-        return [None] * n_layer
-    sizes = {"S": window_tokens(short_blocks, block_size), "L": window_tokens(long_blocks, block_size),
-             "F": None}
-    return [sizes[kind] for kind in pattern]
+    by_kind = {"S": short, "L": long, "F": None}
+    return [by_kind[kind] for kind in pattern] if pattern else [None] * n_layer
