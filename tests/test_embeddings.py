@@ -96,7 +96,9 @@ def test_untying_copies_the_head_state_to_the_embedding():
     opts = build_optimizers(model, model.parameter_kinds(), OptimConfig())
     inputs = torch.randint(0, 50, (20,), dtype=torch.int32)
     model(inputs, torch.randint(0, 50, (20,)), torch.tensor([0, 20], dtype=torch.int32)).backward()
+    model.fold_tied_gradients()
     opts.step()
+    model.sync_tied_embedding()
     adam = opts.optimizers[0]
     assert model.embed.weight not in adam.state
     model.untie_embed_head()
@@ -104,6 +106,43 @@ def test_untying_copies_the_head_state_to_the_embedding():
     head, embed = adam.state[model.lm_head.weight], adam.state[model.embed.weight]
     torch.testing.assert_close(embed["exp_avg_sq"], head["exp_avg_sq"], rtol=0, atol=0)
     assert embed["exp_avg"].data_ptr() != head["exp_avg"].data_ptr()
+
+
+def test_a_tied_step_updates_the_embedding_and_head_as_one_shared_weight():
+    """Folding the copy's gradient into the head's, stepping and copying back is the update of one weight
+    that serves both (autograd summing its two uses); untied, nothing is folded or copied."""
+    torch.manual_seed(0)
+    model = GPT(build_model_config("tiny", {"vocab_size": 50, "n_layer": 2, "tie_embed_head": True,
+                                            "smear": True})).double()
+    inputs, targets = torch.randint(0, 50, (24,), dtype=torch.int32), torch.randint(0, 50, (24,))
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    shared = model.lm_head.weight.detach().clone().requires_grad_()
+    params = {**dict(model.named_parameters()), "embed.weight": shared, "lm_head.weight": shared}
+    torch.func.functional_call(model, params, (inputs, targets, cu)).backward()
+    model.zero_grad(set_to_none=True)
+    model(inputs, targets, cu).backward()
+    assert model.embed.weight.grad.abs().sum() > 0                     # the lookup uses the copy
+    head_only = model.lm_head.weight.grad.clone()
+    model.fold_tied_gradients()
+    assert model.embed.weight.grad is None
+    torch.testing.assert_close(model.lm_head.weight.grad, shared.grad, rtol=1e-12, atol=1e-15)
+    assert (model.lm_head.weight.grad - head_only).abs().max() > 1e-6   # the embedding's part was added
+    opts = build_optimizers(model, model.parameter_kinds(), OptimConfig())
+    opts.step()
+    assert not torch.equal(model.embed.weight, model.lm_head.weight)
+    model.sync_tied_embedding()
+    torch.testing.assert_close(model.embed.weight, model.lm_head.weight, rtol=0, atol=0)
+    model.zero_grad(set_to_none=True)
+    model.untie_embed_head()
+    model(inputs, targets, cu).backward()
+    embed_grad = model.embed.weight.grad.clone()
+    model.fold_tied_gradients()
+    torch.testing.assert_close(model.embed.weight.grad, embed_grad, rtol=0, atol=0)
+    before = model.embed.weight.detach().clone()
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    model.sync_tied_embedding()
+    torch.testing.assert_close(model.embed.weight, before, rtol=0, atol=0)
 
 
 def test_a_short_run_with_every_technique_switched_on_learns(tmp_path):

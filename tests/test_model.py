@@ -371,8 +371,9 @@ def test_gpt124m_switches_agree_across_backends_and_untie():
         with torch.no_grad():
             torch.testing.assert_close(_record_model(backend)(inputs, targets, cu), loss.detach())
     loss.backward()
+    ref.fold_tied_gradients()
     grads = {n: p.grad for n, p in ref.named_parameters()}
-    assert grads["embed.weight"] is None                              # tied: the head's weight serves both
+    assert grads["embed.weight"] is None                              # tied: folded into the head's
     assert all(g is not None for n, g in grads.items() if n != "embed.weight")
     assert ref.config.value_embed_layers == (0, 2)
     ref.untie_embed_head()
@@ -382,6 +383,33 @@ def test_gpt124m_switches_agree_across_backends_and_untie():
     assert ref.embed.weight.grad is not None and ref.embed.weight.grad.abs().sum() > 0
     with pytest.raises(RuntimeError, match="not tied"):
         ref.untie_embed_head()
+
+
+def test_untying_the_embedding_compiles_nothing_new():
+    """The forward pass reads the embedding's copy tied or untied, so the untie step reuses the graph: one
+    Dynamo frame for both states, and after the untie the compiled model follows the embedding's own values."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    model = small_model(tie_embed_head=True, cross_entropy="full")
+    model.sync_tied_embedding()                                  # small_model redrew the head after the copy
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=False)
+    inputs, targets, cu = batch()
+    tied = compiled(inputs, targets, cu)
+    tied.backward()
+    model.zero_grad(set_to_none=True)
+    model.untie_embed_head()
+    with torch.no_grad():
+        model.embed.weight.add_(torch.randn(model.embed.weight.shape, dtype=torch.float64,
+                                            generator=torch.Generator().manual_seed(2)))  # now they differ
+    untied = compiled(inputs, targets, cu)
+    untied.backward()
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
+    torch.testing.assert_close(untied, model(inputs, targets, cu))
+    assert abs(float(untied) - float(tied)) > 1e-3
+    assert model.embed.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
 
 
 def test_merged_qkv_product_equals_the_three_projections():

@@ -46,6 +46,7 @@ def test_a_full_size_training_step_on_cuda(preset):
     if not model.tied:                                                     # zero head: exactly uniform
         assert loss.item() == pytest.approx(math.log(50304), abs=1e-3)
     assert math.isfinite(loss.item())
+    model.fold_tied_gradients()                                            # tied: into the head's gradient
     for name, p in model.named_parameters():
         if name == "embed.weight" and model.tied:
             assert p.grad is None

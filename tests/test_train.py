@@ -311,13 +311,13 @@ def test_a_short_run_on_the_gpu(synthetic, tmp_path):
 # ---- schedules and compiled warm-up ---------------------------------------------------------------------
 
 
-def test_warm_up_covers_every_stage_start_and_the_untie_step():
+def test_warm_up_covers_every_stage_start():
     from speedrun.train import warm_up_steps
 
     cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "batch_schedule": [[256, 64], [512, 128]],
                                  "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
                                  "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9})
-    assert warm_up_steps(cfg) == [0, 4, 6, 8, 9]
+    assert warm_up_steps(cfg) == [0, 4, 6, 8]                  # not the untie step: it changes no graph
     assert warm_up_steps(TrainConfig.from_dict(QUICK)) == [0]
 
 
@@ -330,14 +330,15 @@ def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
                 "window_schedule": [[1, 1], [1, 2], [2, 3]], "untie_step": 9, "final_window_long_blocks": 4}
     cfg = TrainConfig.from_dict(settings)
     assert validation_steps(cfg) == [0, 3, 6, 9, 12]
-    # windows (1,1) until 4, (1,2) until 8, (2,3) after; validation at 9 is still tied, training at 9 is not
+    # windows (1,1) until 4, (1,2) until 8, (2,3) after, (2,4) at the final validation; the untie at 9
+    # changes no graph
     assert warm_up_plan(cfg) == [(0, "val"), (0, "train"), (4, "train"), (6, "val"), (8, "train"), (9, "val"),
-                                 (9, "train"), (12, "val")]
+                                 (12, "val")]
     assert warm_up_plan(TrainConfig.from_dict({**QUICK, "val_every": 0})) == [(0, "val"), (0, "train")]
-    # FlexAttention takes the windows as graph inputs: only the tie state splits the graphs
+    # FlexAttention takes the windows as graph inputs: one graph for training, one for validation
     flex = TrainConfig.from_dict({**settings, "device": "cuda",
                                   "model": {**settings["model"], "attention_backend": "flex"}})
-    assert warm_up_plan(flex) == [(0, "val"), (0, "train"), (9, "train"), (12, "val")]
+    assert warm_up_plan(flex) == [(0, "val"), (0, "train")]
     # other backends compile each training stage start: back at windows (1, 2) at step 8, YaRN's scale (a
     # float there) is not what it was at step 0
     back = TrainConfig.from_dict({**settings, "model": {**settings["model"], "yarn": True, "rope": "half_truncated"},

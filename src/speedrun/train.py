@@ -112,8 +112,10 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
     as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
     number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
     the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters those
-    itself). Returns the step's mean train loss as a (1,) fp32 tensor on ``device``, not read back: the
-    caller queues the optimizer step before waiting for it (no host sync inside a step, as in the records)."""
+    itself); a tied model's embedding gradient is first folded into the head's
+    (:meth:`speedrun.model.gpt.GPT.fold_tied_gradients`). Returns the step's mean train loss as a (1,) fp32
+    tensor on ``device``, not read back: the caller queues the optimizer step before waiting for it (no host
+    sync inside a step, as in the records)."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for inputs, targets, cu_seqlens in micro_batches:
         with autocast():
@@ -121,6 +123,7 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
         (loss / len(micro_batches)).backward()
         total += loss.detach().float()
     mean = (total / len(micro_batches)).reshape(1)
+    model.fold_tied_gradients()
     grads = [p.grad for p in model.parameters() if p.grad is not None and id(p) not in self_reduced]
     _all_reduce_mean(grads + [mean], world_size)
     return mean
@@ -156,20 +159,19 @@ def validation_steps(config: TrainConfig) -> list[int]:
 
 def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
     """``(step, "val" | "train")`` in the order the run meets them, covering every graph the run compiles:
-    the first validation step of each (windows, tie) state, and the training steps of :func:`warm_up_steps`.
-    With the ``flex`` backend the model takes the windows (and YaRN's scale) as graph inputs
-    (:class:`speedrun.model.gpt.GPT`), so only the first step of each (train or val, tie state, training
-    batch shape) is kept. Replayed in this order, the windows grow (and YaRN rescales) as in the run, so
-    each graph is compiled with the values it will see."""
+    the first validation step of each window state, and the training steps of :func:`warm_up_steps`. The
+    tie state changes no graph (:class:`speedrun.model.gpt.GPT` reads the embedding's copy either way).
+    With the ``flex`` backend the model takes the windows (and YaRN's scale) as graph inputs, so only the
+    first step of each (train or val, training batch shape) is kept. Replayed in this order, the windows
+    grow (and YaRN rescales) as in the run, so each graph is compiled with the values it will see."""
     windows_are_inputs = config.model_config().schedule_as_graph_inputs
     steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
     seen, plan = set(), []
     for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
-        tied = config.untie_step is None or step < config.untie_step or (step == config.untie_step and kind == "val")
         if windows_are_inputs:
-            key = (kind, tied, config.batch_at(step) if kind == "train" else None)
+            key = (kind, config.batch_at(step) if kind == "train" else None)
         else:         # every training stage start: the windows and YaRN's scale (a float here) change there
-            key = (kind, step) if kind == "train" else (kind, tied, config.window_blocks_at(step))
+            key = (kind, step) if kind == "train" else (kind, config.window_blocks_at(step))
         if key not in seen:
             seen.add(key)
             plan.append((step, kind))
@@ -177,14 +179,12 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
 
 
 def warm_up_steps(config: TrainConfig) -> list[int]:
-    """The training steps where a graph may change: 0, each batch-size and window stage start, the untie
-    step (records since #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan`
-    replays them, all or (windows as graph inputs) one per graph."""
+    """The training steps where a graph may change: 0, each batch-size and window stage start (records since
+    #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan` replays them, all
+    or (windows as graph inputs) one per graph."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
     if config.window_schedule:
         steps |= set(stage_starts(config.steps, len(config.window_schedule)))
-    if config.untie_step is not None and config.untie_step < config.steps:
-        steps.add(config.untie_step)
     return sorted(s for s in steps if s < config.steps)
 
 
@@ -234,7 +234,7 @@ class _Run:
 
     def _compiled(self) -> Callable[..., torch.Tensor]:
         """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
-        batch shape and tie state is one graph, and every window setting too unless the model takes the
+        batch shape is one graph (for training and for validation), and every window setting too unless the model takes the
         windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode = None if self.config.compile_mode == "default" else self.config.compile_mode
@@ -280,6 +280,7 @@ class _Run:
                           max_seq_len, self.optimizers.self_reduced_parameters())
         self.optimizers.step()
         self.optimizers.zero_grad()
+        self.model.sync_tied_embedding()
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))
@@ -289,20 +290,16 @@ class _Run:
         """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
 
         Replays :func:`warm_up_plan`: a forward and backward on dummy micro-batches for each training step
-        in it (with that step's batch shape, windows and tie state) and a validation forward on one chunk for
-        each validation step in it, so that no graph is compiled during the run; then puts back the schedule
-        state (windows, YaRN frequencies and scale, tie) and clears the gradients. No parameter changes."""
+        in it (with that step's batch shape and windows) and a validation forward on one chunk for each
+        validation step in it, so that no graph is compiled during the run; then puts back the schedule
+        state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes."""
         start = _now()
         if not self.config.compile:
             return 0.0
         model, cfg = self.model, self.config
         saved = model.schedule_state()
-        tied = model.tied
         for step, kind in warm_up_plan(cfg):
             self.set_windows(step)
-            untied_before = cfg.untie_step is not None and (step > cfg.untie_step or (
-                step == cfg.untie_step and kind == "train"))
-            model.tied = tied and not untied_before
             if kind == "val":
                 self.evaluate(self.val[:1], world_size=1)
                 continue

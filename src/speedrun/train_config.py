@@ -55,7 +55,7 @@ class TrainConfig:
     the model's ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its
     Adam state (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix
     products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model (one static-shape graph
-    per batch shape, window setting and tie state, all compiled in the untimed warm-up); ``compile_mode``: the
+    per batch shape and window setting, all compiled in the untimed warm-up); ``compile_mode``: the
     ``torch.compile`` mode, ``default`` as in the public records (their rules ban other compile flags);
     ``reduce-overhead`` replays CUDA graphs (less launch overhead), ``max-autotune-no-cudagraphs`` tunes the
     matrix products (longer compile): for measuring, not for record runs. ``batch_schedule``:

@@ -51,9 +51,13 @@ class GPT(nn.Module):
     (:class:`speedrun.model.bigram.BigramEmbedding`); with ``config.skip_connections``, ``skips``
     (:mod:`speedrun.model.skips`). :meth:`parameter_kinds` labels each parameter for the optimizers.
 
-    Tied (``config.tie_embed_head``, records #8, #51): the embedding lookup reads ``lm_head.weight``, which
-    starts N(0, 0.005²) (speedrun-spec.md 2.5) and gets both gradients; ``embed.weight`` holds a copy and
-    gets none until :meth:`untie_embed_head` (record #53: at 2/3 of training).
+    Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
+    initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`
+    (record #53: at 2/3 of training). The embedding lookup always reads ``embed.weight``, which holds a copy:
+    :meth:`fold_tied_gradients` (after the backward pass) adds its gradient into the head's and
+    :meth:`sync_tied_embedding` (after the optimizer step) copies the updated head back, so the update is
+    that of one shared weight while the forward pass is the same tied or untied, and torch.compile's graphs
+    serve both tie states (two graphs fewer for the H200 race of docs/benchmarks.md).
 
     Schedule state (not parameters): ``window_blocks`` (short, long) in blocks, set by
     :meth:`set_window_blocks`; the rotary frequencies (buffer ``rotary_frequencies`` (R,)) and
@@ -62,8 +66,8 @@ class GPT(nn.Module):
     short and long) and, with YaRN, the scale from ``attention_scale_buffer`` (0-d, fp32, float64 in a
     ``.double()`` model), both kept equal to that state: under torch.compile they are graph inputs, so one
     graph serves every window stage and the final validation window (each window stage recompiled the model
-    otherwise: eight graphs for the H200 race of docs/benchmarks.md, four now). Other backends take them as
-    Python numbers (``varlen`` needs an int).
+    otherwise: eight graphs for the H200 race of docs/benchmarks.md; two now, with the tie state above).
+    Other backends take them as Python numbers (``varlen`` needs an int).
 
     Rotary tables: non-persistent buffers ``rotary_cos``, ``rotary_sin`` (P, R), P =
     ``config.rotary_positions``, the cos and sin of ``p * rotary_frequencies`` for p = 0..P-1
@@ -139,15 +143,15 @@ class GPT(nn.Module):
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
-        """A snapshot of the schedule state (windows, rotary frequencies, attention scale, tie) for
+        """A snapshot of the schedule state (windows, rotary frequencies, attention scale) for
         :meth:`restore_schedule_state` (the compiled warm-up replays the schedule, then puts it back)."""
-        return self.window_blocks, self.rotary_frequencies.clone(), self.attention_scale, self.tied
+        return self.window_blocks, self.rotary_frequencies.clone(), self.attention_scale
 
     @torch.no_grad()
     def restore_schedule_state(self, state: tuple) -> None:
         """Put back a :meth:`schedule_state` snapshot: windows, rotary frequencies and tables, attention
-        scale (and their buffers), tie flag. The embedding weights are not touched."""
-        self.window_blocks, frequencies, self.attention_scale, self.tied = state
+        scale (and their buffers)."""
+        self.window_blocks, frequencies, self.attention_scale = state
         self.rotary_frequencies.copy_(frequencies)
         self._rebuild_rotary_tables()
         self._write_schedule_buffers()
@@ -184,6 +188,27 @@ class GPT(nn.Module):
         self.embed.weight.copy_(self.lm_head.weight)
         self.tied = False
 
+    @torch.no_grad()
+    def fold_tied_gradients(self) -> None:
+        """While tied, add ``embed.weight.grad`` into ``lm_head.weight.grad`` and drop it (set to None), so
+        the head's gradient is that of the one shared weight (both (V, C), the weights' dtype) and the
+        optimizer leaves the copy alone. Call after the backward pass(es) of a step, before averaging over
+        ranks (one (V, C) gradient to reduce, not two). Nothing when untied or when the embedding has no
+        gradient."""
+        grad = self.embed.weight.grad
+        if not self.tied or grad is None:
+            return
+        head = self.lm_head.weight
+        head.grad = grad if head.grad is None else head.grad.add_(grad)
+        self.embed.weight.grad = None
+
+    @torch.no_grad()
+    def sync_tied_embedding(self) -> None:
+        """While tied, copy ``lm_head.weight`` into ``embed.weight`` (after each optimizer step, so that the
+        next lookup reads the updated shared weight). Nothing when untied."""
+        if self.tied:
+            self.embed.weight.copy_(self.lm_head.weight)
+
     def layer_windows(self) -> list[int | None]:
         """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``."""
         cfg = self.config
@@ -205,7 +230,7 @@ class GPT(nn.Module):
         a bound on a document's length in tokens, or None (see :class:`PackedDocuments`)."""
         cfg = self.config
         context = self.attention_context(PackedDocuments(cu_seqlens, inputs.size(0), max_seqlen))
-        x = F.embedding(inputs, self.lm_head.weight if self.tied else self.embed.weight)  # (T, C)
+        x = F.embedding(inputs, self.embed.weight)                                        # (T, C)
         if cfg.smear:
             x = self.smear(x)
         x0 = rms_norm(x)
