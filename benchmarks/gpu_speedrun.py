@@ -87,15 +87,18 @@ def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float) -> 
     metrics = parse_log(log).metrics
     val = metrics[metrics["kind"] == "val"]
     steps = step_times_ms(log)
-    step_ms = statistics.median(steps[skip:]) if len(steps) > skip else float("nan")
     tokens = config.batch_at(config.steps - 1)[0]
     model = config.model_config()
     window = model.window_long_blocks * model.window_block_size if model.window_pattern else config.max_seq_len
     flops = flops_per_token(model, min(window, config.max_seq_len) / 2)
-    tokens_per_s = tokens / step_ms * 1000.0
+    speed = {"step_ms": None, "tokens_per_s": None, "mfu": None}        # a start-up run: no step past --skip
+    if len(steps) > skip:
+        step_ms = statistics.median(steps[skip:])
+        tokens_per_s = tokens / step_ms * 1000.0
+        speed = {"step_ms": round(step_ms, 1), "tokens_per_s": round(tokens_per_s),
+                 "mfu": round(flops * tokens_per_s / (peak_tflops * 1e12), 3)}
     return {"status": record.status, "compile_s": record.compile_s, "steps": config.steps,
-            "tokens_per_step": tokens, "step_ms": round(step_ms, 1), "tokens_per_s": round(tokens_per_s),
-            "mfu": round(flops * tokens_per_s / (peak_tflops * 1e12), 3), "gflop_per_token": round(flops / 1e9, 3),
+            "tokens_per_step": tokens, **speed, "gflop_per_token": round(flops / 1e9, 3),
             "peak_mib": record.peak_memory_mib, "train_time_s": (record.train_time_ms or float("nan")) / 1000,
             "val": [(int(r.step), round(r.train_time_ms / 1000, 1), round(r.val_loss, 4))
                     for r in val.itertuples()]}

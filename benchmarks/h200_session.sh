@@ -3,6 +3,7 @@
 # Run from the repository root with the debian-docs stage folders in .carry/dd (see docs/benchmarks.md):
 #   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20, cold then warm start
+#   bash benchmarks/h200_session.sh race28     # the race with record #28's switch set and its code's settings
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 60 steps through its window schedule: the
 #                                              # issue 4 floor (572K tokens/s) over every window stage
@@ -24,25 +25,29 @@ BENCH="python benchmarks/gpu_speedrun.py --data $DATA --out $OUT ${SET:-}"
 TESTS=${TESTS:-tests/test_attention.py tests/test_fp8.py tests/test_model_gpu.py tests/test_kernels_relu_square.py
     tests/test_kernels_softcapped_ce.py tests/test_muon_banks.py tests/test_train.py tests/test_kernels_qk_norm_rotary.py}
 
-prepare_data() {   # the debian-docs train shard 4 times over (the race reads 47M tokens; it holds 14M)
+prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47M tokens plus packing loss; it holds 14M)
     [ -f $DATA/bos/manifest.json ] && return
     local d=.carry/dd/shards t=.carry/dd/shards/debiandocs_train_000001.bin
-    python -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $t $t $t $t \
+    python -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $t $t $t $t $t \
         --out-dir $DATA/shards --dataset debiandocs
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
-case "${1:?part: tests, race, record28, ablations, masks, profile or quick}" in
+case "${1:?part: tests, race, race28, long, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
     python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt" ;;
-race)   # cold: about 400 s of compile with every window stage a graph (2026-11-30), so no profile here
+race)   # cold: 229 s of compile and warm-up with 4 graphs (2026-11-30, third session), so no profile here
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE \
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-full.out"
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-warm-start --compile-cache $CACHE --steps 2 \
         --set val_every=0 2>&1 | tee "$OUT/race-warm-start.out" ;;
+race28)
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-race-record28.yaml --name race-record28 --compile-cache $CACHE \
+        2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-record28.out" ;;
 long)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name long --steps 300 --set tokens_per_step=49152 \
