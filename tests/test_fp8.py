@@ -1,14 +1,26 @@
 """FP8 products (speedrun.model.fp8) against float64 references: the quantization error stays within what
 e4m3's 3 mantissa bits allow, gradients are the bf16 ones, evaluation is never FP8, and the FP8 head in
-both cross-entropy implementations agrees with the bf16 head."""
+both cross-entropy implementations agrees with the bf16 head. The per-step weight cache (issue 6): bit for bit
+the per-call quantization when fresh, visibly stale when not refreshed, an error when never filled, one
+compiled graph across refreshes, and a training run's losses unchanged by it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 
-from speedrun.model.fp8 import E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, fp8_linear, fp8_matmul, quantize
+from speedrun.model.config import build_model_config
+from speedrun.model.fp8 import (E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, FP8WeightCache, fp8_linear, fp8_matmul,
+                                quantize)
+from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
+from speedrun.train import run_training
+from speedrun.train_config import TrainConfig
+from synthetic_data import counting_documents, write_dataset
+from test_train import QUICK
 
 # e4m3 rounds to 3 mantissa bits: relative error per element <= 2^-4; a product of two such values summed
 # over K terms of random sign keeps a relative error of the whole matrix near 2^-4 / sqrt(3) ~ 0.036.
@@ -147,3 +159,208 @@ def test_cuda_head_fp8_forward_and_backward_agree_with_the_cpu(compiled):
         results[device] = [t.detach().cpu() for t in (out, xd.grad, wd.grad)]
     for got, ref in zip(results["cuda"], results["cpu"]):
         assert rel_error(got, ref) < 2e-2          # same quantization; fast accumulation differs slightly
+
+
+# ---- the per-step weight cache (issue 6) -------------------------------------------------------------
+
+
+def _forward_backward(fn, x: torch.Tensor, weight: torch.Tensor, upstream: torch.Tensor):
+    """(output, dL/dx, dL/dW) of ``fn(x)`` with upstream gradient ``upstream``; fresh leaves each call."""
+    x.grad = weight.grad = None
+    out = fn(x)
+    out.backward(upstream.to(out.dtype))
+    return out.detach(), x.grad.clone(), weight.grad.clone()
+
+
+def _equal(got, ref) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+def test_a_fresh_cache_gives_the_per_call_products_bit_for_bit():
+    g = torch.Generator().manual_seed(10)
+    layer = FP8Linear(32, 48, fp8=True)
+    x = torch.randn(2, 8, 32, generator=g, requires_grad=True)
+    upstream = torch.randn(2, 8, 48, generator=g)
+    ref = _forward_backward(layer, x, layer.weight, upstream)
+    layer.quantize_weight_()
+    cache = layer.weight_cache
+    w8, w_scale = quantize(layer.weight)                                   # the cache's contents, made here
+    assert torch.equal(cache.w8.float(), w8.float()) and torch.equal(cache.w_scale, w_scale)
+    assert cache.w_back.dtype == torch.bfloat16 and torch.equal(cache.w_back, layer.weight.detach().bfloat16())
+    cache.enabled = True
+    got = _forward_backward(layer, x, layer.weight, upstream)
+    assert _equal(got, ref)
+    assert 1e-3 < rel_error(got[0], x.detach().double() @ layer.weight.detach().double().T) < FP8_MATRIX_TOLERANCE
+
+
+def test_a_cache_is_used_until_refreshed_and_never_in_evaluation():
+    g = torch.Generator().manual_seed(11)
+    layer = FP8Linear(32, 48, fp8=True)
+    x = torch.randn(16, 32, generator=g)
+    layer.quantize_weight_()
+    layer.weight_cache.enabled = True
+    before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(3.0).add_(0.01)
+    assert torch.equal(layer(x), before)                                   # stale: the old weight is used
+    layer.eval()
+    assert rel_error(layer(x), x.double() @ layer.weight.double().T) < 1e-6   # evaluation: plain product
+    layer.train().quantize_weight_()
+    fresh = layer(x)
+    layer.weight_cache.enabled = False
+    assert torch.equal(fresh, layer(x)) and not torch.equal(fresh, before)
+
+
+def test_a_switched_on_cache_never_filled_raises():
+    layer = FP8Linear(32, 48, fp8=True)
+    layer.weight_cache.enabled = True
+    with pytest.raises(RuntimeError, match="quantize_fp8_weights"):
+        layer(torch.randn(4, 32))
+    assert layer.eval()(torch.randn(4, 32)).shape == (4, 48)                # evaluation needs no cache
+    assert FP8Linear(32, 48, fp8=False).weight_cache is None
+    model = GPT(build_model_config("tiny", {**TINY_GPT, "fp8_attention": True, "fp8_head": True}))
+    model.use_fp8_weight_cache(True)
+    with pytest.raises(RuntimeError, match="quantize_fp8_weights"):
+        model(*_gpt_batch())
+
+
+@pytest.mark.parametrize("impl", ["full", "chunked", "fused"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_heads_cached_weight_gives_the_per_call_loss_and_gradients_bit_for_bit(impl, dtype):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(48, 64, generator=g, requires_grad=True)
+    w = (torch.randn(320, 64, generator=g) * 0.1).requires_grad_()
+    targets = torch.randint(0, 320, (48,), generator=g)
+    kwargs = dict(softcap=23.0, softcap_kind="shifted_sigmoid", impl=impl, chunk_tokens=16, compute_dtype=dtype,
+                  fp8=True)
+    cache = FP8WeightCache(HEAD_SCALES)
+    cache.refresh_(w)
+    assert cache.w_back.dtype == torch.float8_e4m3fn and cache.w_back.shape == (64, 320)     # w8ᵀ (C, V)
+    assert torch.equal(cache.w_back.float(), cache.w8.float().T)
+    assert float(cache.w_scale) == pytest.approx(1.6 / 448)
+
+    def loss_and_grads(fp8_weight):
+        loss = linear_cross_entropy(x, w, targets, fp8_weight=fp8_weight, **kwargs)
+        return (loss.detach(), *torch.autograd.grad(loss, (x, w)))
+
+    ref = loss_and_grads(None)
+    assert _equal(loss_and_grads(cache.operands(w)), ref)
+    with torch.no_grad():
+        w.add_(0.05)                        # a stale cache changes the result only through the weight's gradient
+    assert torch.equal(loss_and_grads(cache.operands(w))[0], ref[0])
+    cache.refresh_(w)
+    assert _equal(loss_and_grads(cache.operands(w)), loss_and_grads(None))
+
+
+# A GPT with every FP8 path; vocabulary and widths small for a CPU.
+TINY_GPT = dict(vocab_size=64, n_layer=2, model_dim=32, n_head=2, head_dim=16, attention_backend="reference",
+                logit_softcap=23.0, softcap_kind="shifted_sigmoid", loss_chunk_tokens=8)
+ALL_FP8 = dict(fp8_attention=True, fp8_mlp=True, fp8_head=True)
+
+
+def _gpt_batch(tokens: int = 24, vocab: int = 64):
+    g = torch.Generator().manual_seed(13)
+    inputs = torch.randint(0, vocab, (tokens,), generator=g, dtype=torch.int32)
+    return inputs, torch.randint(0, vocab, (tokens,), generator=g), torch.tensor([0, 10, tokens], dtype=torch.int32)
+
+
+def _trained_looking_gpt(**overrides) -> GPT:
+    torch.manual_seed(14)
+    model = GPT(build_model_config("tiny", {**TINY_GPT, **ALL_FP8, **overrides}))
+    with torch.no_grad():                                          # zero-initialized projections and head
+        for name, p in model.named_parameters():
+            if name.endswith(("o.weight", "proj.weight")) or name.startswith("lm_head"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def _loss_and_grads(model: GPT, forward=None):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = (model if forward is None else forward)(*_gpt_batch())
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cross_entropy", ["chunked", "fused"])
+def test_a_gpt_with_fresh_caches_trains_bit_for_bit_as_without(cross_entropy):
+    model = _trained_looking_gpt(cross_entropy=cross_entropy)
+    caches = [m for m in model.modules() if isinstance(m, FP8WeightCache)]
+    assert len(caches) == 2 * 4 + 1            # per layer: stacked QKV, O, the MLP's two; and the head
+    ref = _loss_and_grads(model)
+    model.use_fp8_weight_cache(True)
+    model.quantize_fp8_weights()
+    assert all(c.enabled and c.w8.numel() > 0 for c in caches)
+    assert _equal(_loss_and_grads(model), ref)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    assert torch.equal(_loss_and_grads(model)[0], ref[0])            # stale: the cached FP8 weights
+    model.quantize_fp8_weights()
+    cached = _loss_and_grads(model)
+    model.use_fp8_weight_cache(False)
+    assert _equal(cached, _loss_and_grads(model)) and not torch.equal(cached[0], ref[0])
+
+
+def test_a_compiled_layer_reads_the_refreshed_cache_in_one_graph():
+    g = torch.Generator().manual_seed(15)
+    layer = FP8Linear(32, 48, fp8=True)
+    x = torch.randn(16, 32, generator=g, requires_grad=True)
+    upstream = torch.randn(16, 48, generator=g)
+    layer.quantize_weight_()
+    layer.weight_cache.enabled = True
+    counter = CompileCounter()                                   # the "eager" backend: the same kernels
+    compiled = torch.compile(layer, backend=counter, dynamic=False)
+    assert _equal(_forward_backward(compiled, x, layer.weight, upstream),
+                  _forward_backward(layer, x, layer.weight, upstream))
+    with torch.no_grad():
+        layer.weight.mul_(1.5)
+    layer.quantize_weight_()                                     # in place: the graph's buffers
+    got = _forward_backward(compiled, x, layer.weight, upstream)
+    layer.weight_cache.enabled = False
+    assert _equal(got, _forward_backward(layer, x, layer.weight, upstream))       # the per-call products
+    assert counter.frame_count == 1
+
+
+def test_a_compiled_gpt_reads_the_refreshed_cache_without_recompiling():
+    model = _trained_looking_gpt(cross_entropy="fused")
+    model.use_fp8_weight_cache(True)
+    model.quantize_fp8_weights()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=False)
+    assert _equal(_loss_and_grads(model, compiled), _loss_and_grads(model))
+    graphs = counter.frame_count             # on a CPU the loss's data-dependent branch splits the graph
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    model.quantize_fp8_weights()
+    got = _loss_and_grads(model, compiled)
+    model.use_fp8_weight_cache(False)
+    assert _equal(got, _loss_and_grads(model))                            # the per-call quantization's
+    assert counter.frame_count == graphs
+
+
+@pytest.mark.parametrize("cross_entropy", ["chunked", "fused"])
+def test_a_training_run_with_the_cache_logs_the_per_call_losses(cross_entropy, tmp_path, monkeypatch):
+    shards, bos = write_dataset(tmp_path / "data", counting_documents(200), shard_tokens=16384)
+    cfg = TrainConfig.from_dict({**QUICK, "model": {**QUICK["model"], **ALL_FP8, "cross_entropy": cross_entropy,
+                                                    "logit_softcap": 23.0, "softcap_kind": "shifted_sigmoid"}})
+    uses = []
+    real_operands = FP8WeightCache.operands
+    monkeypatch.setattr(FP8WeightCache, "operands", lambda self, w: uses.append(1) or real_operands(self, w))
+
+    def train(name):
+        uses.clear()
+        result = run_training(cfg, variant=name, seed=0, shards_dir=shards, bos_dir=bos,
+                              log_path=tmp_path / f"{name}.txt", env={})
+        assert result.status == "complete"
+        return [loss for _, _, loss in result.losses], len(uses)
+
+    cached, cached_uses = train("cached")
+    monkeypatch.setattr(GPT, "use_fp8_weight_cache", lambda self, on=True: None)     # per-call quantization
+    per_call, per_call_uses = train("per_call")
+    # 6 steps x 2 micro-batches x (2 layers x 4 caches + the head)
+    assert (cached_uses, per_call_uses) == (6 * 2 * 9, 0)
+    assert len(cached) == len(per_call) == 6 + 3
+    assert cached == pytest.approx(per_call, rel=1e-6)
+    assert all(math.isfinite(loss) for loss in cached)

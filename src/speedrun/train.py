@@ -199,6 +199,10 @@ class _Run:
         if launch.world_size > 1:
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
+        mc = config.model_config()
+        if mc.fp8_head or mc.fp8_attention or mc.fp8_mlp:    # FP8 weights quantized once per step (issue 6)
+            self.model.use_fp8_weight_cache(True)
+            self.model.quantize_fp8_weights()                 # before the warm-up compiles the graphs
         self.optimizers: Optimizers = build_optimizers(
             self.model, self.model.parameter_kinds(), dataclasses.replace(config.optim_config(), langevin_seed=seed))
         self.forward = self._compiled() if config.compile else self.model
@@ -281,6 +285,7 @@ class _Run:
         self.optimizers.step()
         self.optimizers.zero_grad()
         self.model.sync_tied_embedding()
+        self.model.quantize_fp8_weights()                        # the next step's FP8 weights
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))
@@ -315,6 +320,7 @@ class _Run:
     def run(self) -> RunResult:
         """The training loop; the result's status is ``complete`` or ``diverged`` (after logging why)."""
         cfg = self.config
+        self.model.quantize_fp8_weights()                        # after the warm-up, before the first step
         self.clock.start()
         for step in range(cfg.steps + 1):
             if step == cfg.steps or step == 0 or (cfg.val_every and step % cfg.val_every == 0):

@@ -23,7 +23,7 @@ from speedrun.errors import SpeedrunError
 from speedrun.kernels import optional_kernel
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
-from speedrun.model.fp8 import FP8Linear, fp8_linear
+from speedrun.model.fp8 import FP8Linear, FP8WeightCache, fp8_linear
 from speedrun.model.gates import AttentionGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
@@ -62,7 +62,9 @@ class CausalSelfAttention(nn.Module):
     pairs (:func:`speedrun.model.paired.paired_attention`); in ``config.attention_gate_layers`` each head's
     output is multiplied by its gate (:class:`speedrun.model.gates.AttentionGate`, parameter ``gate``)
     before Wo. Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels
-    apply).
+    apply). With ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic
+    scale for the three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`,
+    used only while switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None.
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
@@ -71,10 +73,11 @@ class CausalSelfAttention(nn.Module):
         self.backend, self.rope = config.attention_backend, config.rope
         self.paired = layer in config.paired_head_layers
         fp8 = config.fp8_attention
-        self.q = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
-        self.k = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
-        self.v = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8)
+        self.q = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)   # stacked in _qkv
+        self.k = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)
+        self.v = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)
         self.o = FP8Linear(config.attn_dim, config.model_dim, fp8=fp8)
+        self.qkv_fp8 = FP8WeightCache() if fp8 else None
         for linear in (self.q, self.k, self.v):
             init_input_(linear.weight)
         init_output_(self.o.weight)
@@ -123,10 +126,17 @@ class CausalSelfAttention(nn.Module):
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C); FP8
         (one dynamic scale for the three) in the training forward with ``fp8_attention``."""
-        weight = torch.cat((self.q.weight, self.k.weight, self.v.weight))
+        weight = torch.cat((self.q.weight, self.k.weight, self.v.weight))                 # (3·H·Dh, C)
         if self.q.fp8 and self.training:
-            return fp8_linear(x, weight)
+            return fp8_linear(x, weight, cache=self.qkv_fp8)
         return F.linear(x, weight)
+
+    @torch.no_grad()
+    def quantize_weight_(self) -> None:
+        """Refresh ``qkv_fp8`` from the current stacked QKV weight (nothing without ``fp8_attention``; ``o``
+        refreshes its own cache)."""
+        if self.qkv_fp8 is not None:
+            self.qkv_fp8.refresh_(torch.cat((self.q.weight, self.k.weight, self.v.weight)))
 
 
 class Block(nn.Module):

@@ -16,7 +16,14 @@ Two scale policies (:class:`FP8Scales`):
   micro-batch and the micro-batches, so that factor is not known here: the gradient's scale is dynamic.
 
 Fixed-scale casts saturate at the format's largest value instead of overflowing to NaN (the record relies
-on weight decay keeping |W| < 1.6). Shape legend: M rows (tokens), K input features, N output features.
+on weight decay keeping |W| < 1.6).
+
+The weights change once per optimizer step, not once per micro-batch (issue 6): an :class:`FP8WeightCache`
+holds a weight's quantized operands for a whole step, refreshed by the training loop after every update
+(:meth:`speedrun.model.gpt.GPT.quantize_fp8_weights`) and used only while switched on
+(:meth:`speedrun.model.gpt.GPT.use_fp8_weight_cache`); off (the default) every call quantizes its weight.
+
+Shape legend: M rows (tokens), K input features, N output features.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ def quantize(t: torch.Tensor, scale: float | None = None, dtype: torch.dtype = E
     if scale is None:
         scale_t = t.detach().abs().amax().float().clamp_min(_MIN_AMAX) / largest
         return (t.float() / scale_t).to(dtype), scale_t
-    scale_t = torch.tensor(scale, dtype=torch.float32, device=t.device)
+    scale_t = torch.full((), scale, dtype=torch.float32, device=t.device)     # a fill: no copy from the host
     return (t.float() / scale).clamp(-largest, largest).to(dtype), scale_t
 
 
@@ -86,18 +93,76 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: FP8Scales = DYNAMI
     return scaled_mm(x8, x_scale, w8, w_scale)
 
 
+class FP8WeightCache(nn.Module):
+    """One weight's FP8 operands, quantized once per optimizer step instead of once per call (issue 6).
+
+    Non-persistent buffers (not in checkpoints), empty until the first :meth:`refresh_`, then written in
+    place (a compiled graph holds their storage and reads the new values, as the model's schedule buffers):
+    ``w8`` (N, K) e4m3 and ``w_scale`` () fp32, the forward operand exactly as :func:`quantize` makes it with
+    ``scales.weight`` (dynamic amax/448, or the head's fixed scale); ``w_back``, the backward's operand of
+    dL/dx = g W: the weight in bf16 (N, K) for the bf16 backward, or ``w8.t().contiguous()`` (K, N) e4m3 for
+    the FP8 backward (``scales.backward``, the head's). Memory per weight of N·K elements: 3·N·K bytes (bf16
+    backward) or 2·N·K bytes (FP8 backward), held for the whole run (e.g. 85M QKV/O/MLP weights: 85 MB e4m3
+    + 170 MB bf16).
+
+    Used only while ``enabled`` (default False, set by :meth:`speedrun.model.gpt.GPT.use_fp8_weight_cache`),
+    so direct calls (tests, notebooks) quantize per call. Nothing detects a weight changed since the last
+    refresh (the products then use the old weight): whoever switches it on refreshes it after every update.
+    """
+
+    def __init__(self, scales: FP8Scales = DYNAMIC_SCALES):
+        super().__init__()
+        self.scales = scales
+        self.enabled = False
+        back_dtype = E4M3 if scales.backward else torch.bfloat16
+        self.register_buffer("w8", torch.empty(0, dtype=E4M3), persistent=False)
+        self.register_buffer("w_scale", torch.empty(0, dtype=torch.float32), persistent=False)
+        self.register_buffer("w_back", torch.empty(0, dtype=back_dtype), persistent=False)
+
+    @torch.no_grad()
+    def refresh_(self, weight: torch.Tensor) -> None:
+        """Quantize ``weight`` (N, K) float into the buffers: in place when their shape, dtype and device
+        already fit, else as new buffers (the first fill, or after ``.to()`` casts)."""
+        w8, w_scale = quantize(weight, self.scales.weight)
+        back = w8.t().contiguous() if self.scales.backward else weight.to(torch.bfloat16)     # (K, N) | (N, K)
+        for name, value in (("w8", w8), ("w_scale", w_scale), ("w_back", back)):
+            buffer = getattr(self, name)
+            if (buffer.shape, buffer.dtype, buffer.device) == (value.shape, value.dtype, value.device):
+                buffer.copy_(value)
+            else:
+                setattr(self, name, value)
+
+    def operands(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(w8, w_scale, w_back)`` for ``weight`` (N, K). Raises ``RuntimeError`` when the cache was never
+        filled for a weight of that shape (or was cast since): call
+        :meth:`speedrun.model.gpt.GPT.quantize_fp8_weights` first."""
+        if self.w8.dtype != E4M3 or self.w8.shape != weight.shape or self.w_scale.dtype != torch.float32:
+            raise RuntimeError(f"the FP8 weight cache is switched on but holds no FP8 copy of this "
+                               f"{tuple(weight.shape)} weight: call GPT.quantize_fp8_weights() (after every "
+                               "optimizer step) or switch the cache off (GPT.use_fp8_weight_cache(False))")
+        return self.w8, self.w_scale, self.w_back
+
+    def extra_repr(self) -> str:
+        return f"enabled={self.enabled}, backward={'fp8' if self.scales.backward else 'bf16'}"
+
+
 class _FP8Linear(torch.autograd.Function):
-    """FP8 forward; backward dL/dx = g W and dL/dW = gᵀ x in bf16, or in FP8 with ``scales.backward``."""
+    """FP8 forward; backward dL/dx = g W and dL/dW = gᵀ x in bf16, or in FP8 with ``scales.backward``.
+
+    ``w8``, ``w_scale``, ``w_back``: None (the weight is quantized here) or an :class:`FP8WeightCache`'s
+    fresh operands of ``weight``, which then serves only for its gradient and dtype: same values either way.
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, scales):  # noqa: D102 (autograd API)
+    def forward(ctx, x, weight, scales, w8=None, w_scale=None, w_back=None):  # noqa: D102 (autograd API)
         x8, x_scale = quantize(x, scales.x)
-        w8, w_scale = quantize(weight, scales.weight)
+        if w8 is None:
+            w8, w_scale = quantize(weight, scales.weight)
         ctx.scales, ctx.dtypes = scales, (x.dtype, weight.dtype)
         if scales.backward:
-            ctx.save_for_backward(x8, x_scale, w8, w_scale)
+            ctx.save_for_backward(x8, x_scale, w8, w_scale, w_back)                 # w_back: w8ᵀ (K, N) or None
         else:
-            ctx.save_for_backward(x.to(torch.bfloat16), weight.to(torch.bfloat16))
+            ctx.save_for_backward(x.to(torch.bfloat16), weight.to(torch.bfloat16) if w_back is None else w_back)
         return scaled_mm(x8, x_scale, w8, w_scale)
 
     @staticmethod
@@ -105,9 +170,10 @@ class _FP8Linear(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if ctx.scales.backward:
-            x8, x_scale, w8, w_scale = ctx.saved_tensors
+            x8, x_scale, w8, w_scale, w8_t = ctx.saved_tensors
+            w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (K, N)
             g8, g_scale = quantize(grad_out, None, E5M2)                       # (M, N)
-            grad_x = scaled_mm(g8, g_scale, w8.t().contiguous(), w_scale) if need_x else None
+            grad_x = scaled_mm(g8, g_scale, w8_t, w_scale) if need_x else None
             grad_w = scaled_mm(g8.t().contiguous(), g_scale, x8.t().contiguous(), x_scale) if need_w else None
         else:
             x_bf16, w_bf16 = ctx.saved_tensors
@@ -115,19 +181,28 @@ class _FP8Linear(torch.autograd.Function):
             grad_x = g @ w_bf16 if need_x else None
             grad_w = g.t() @ x_bf16 if need_w else None
         return (None if grad_x is None else grad_x.to(x_dtype),
-                None if grad_w is None else grad_w.to(w_dtype), None)
+                None if grad_w is None else grad_w.to(w_dtype), None, None, None, None)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: FP8Scales = DYNAMIC_SCALES) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: FP8Scales = DYNAMIC_SCALES,
+               cache: FP8WeightCache | None = None, *,
+               operands: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Differentiable ``x @ weight.T`` with an FP8 forward (and, with ``scales.backward``, FP8 gradient
     products).
 
     x: (..., K) float; weight: (N, K) float (typically an fp32 parameter). Returns (..., N) bf16; the
     gradients come back in the dtypes of x and weight. On CUDA, K, N and (for the FP8 backward) the number
-    of rows M must be multiples of 16.
+    of rows M must be multiples of 16. ``cache``: an :class:`FP8WeightCache` of ``weight`` with the same
+    ``scales``; while it is ``enabled`` its operands replace the per-call quantization (bit-identical when
+    fresh; ``RuntimeError`` when never filled, ``ValueError`` for other scales). ``operands``: such a
+    cache's ``(w8, w_scale, w_back)`` passed directly (instead of ``cache``).
     """
     lead = x.shape[:-1]
-    out = _FP8Linear.apply(x.reshape(-1, x.size(-1)), weight, scales)
+    if cache is not None and cache.enabled:
+        if cache.scales != scales:
+            raise ValueError(f"fp8_linear: the weight cache holds {cache.scales}, the call asks for {scales}")
+        operands = cache.operands(weight)
+    out = _FP8Linear.apply(x.reshape(-1, x.size(-1)), weight, scales, *(operands or (None, None, None)))
     return out.reshape(*lead, weight.size(0))
 
 
@@ -137,15 +212,25 @@ class FP8Linear(nn.Linear):
     Same ``weight`` parameter (out_features, in_features) as ``nn.Linear`` (checkpoints and optimizers see
     no difference). ``forward(x)`` with x (..., in_features): :func:`fp8_linear` with dynamic scales when
     ``self.fp8 and self.training``, else the plain product (bf16 under autocast): evaluation is never FP8.
+    With ``fp8`` and ``weight_cache`` (default), ``weight_cache`` is an :class:`FP8WeightCache` (off until
+    switched on; filled by :meth:`quantize_weight_`), else None (a layer whose weight the owner multiplies
+    itself, as the stacked QKV projection of :class:`speedrun.model.block.CausalSelfAttention`).
     """
 
-    def __init__(self, in_features: int, out_features: int, fp8: bool = False):
+    def __init__(self, in_features: int, out_features: int, fp8: bool = False, weight_cache: bool = True):
         super().__init__(in_features, out_features, bias=False)
         self.fp8 = fp8
+        self.weight_cache = FP8WeightCache(DYNAMIC_SCALES) if fp8 and weight_cache else None
+
+    @torch.no_grad()
+    def quantize_weight_(self) -> None:
+        """Refresh :attr:`weight_cache` from the current weight (nothing without a cache)."""
+        if self.weight_cache is not None:
+            self.weight_cache.refresh_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8 and self.training:
-            return fp8_linear(x, self.weight)
+            return fp8_linear(x, self.weight, cache=self.weight_cache)
         return F.linear(x, self.weight)
 
     def extra_repr(self) -> str:

@@ -26,9 +26,10 @@ from torch import nn
 
 from speedrun.model.attention import PackedDocuments
 from speedrun.model.bigram import BigramEmbedding
-from speedrun.model.block import AttentionContext, Block
+from speedrun.model.block import AttentionContext, Block, CausalSelfAttention
 from speedrun.model.config import GPTConfig
 from speedrun.model.embeddings import Smear, ValueEmbeddings
+from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache
 from speedrun.model.init import init_output_
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.norm import rms_norm
@@ -84,6 +85,7 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.model_dim)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.lm_head = nn.Linear(config.model_dim, config.vocab_size, bias=False)
+        self.head_fp8 = FP8WeightCache(HEAD_SCALES) if config.fp8_head else None      # see use_fp8_weight_cache
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)
         init_output_(self.lm_head.weight)
         self.tied = config.tie_embed_head
@@ -209,6 +211,43 @@ class GPT(nn.Module):
         if self.tied:
             self.embed.weight.copy_(self.lm_head.weight)
 
+    def use_fp8_weight_cache(self, on: bool = True) -> None:
+        """Switch every FP8 weight cache of the model on (or off): the QKV, O and MLP projections'
+        (:class:`speedrun.model.fp8.FP8WeightCache`, dynamic scales, bf16 backward) and, with
+        ``config.fp8_head``, the head's (``head_fp8``: the records' fixed scale, records #19, #51, and the
+        transposed e4m3 layout of its FP8 backward). While on, the training forward multiplies the weights
+        as last quantized by :meth:`quantize_fp8_weights`, once per optimizer step instead of once per
+        micro-batch (issue 6; the FP8 QKV/O of the 2026-06-11 RecursiveFromBest record): the caller must
+        refresh them after every change of the weights, and a cache never filled raises ``RuntimeError`` in
+        the forward. Off (the default): every call quantizes its weight. Evaluation is bf16 either way.
+
+        Memory while filled: per cached weight of N·K elements, N·K bytes of e4m3 plus 2·N·K bytes of bf16
+        (the QKV/O/MLP backward) or N·K bytes of transposed e4m3 (the head): e.g. 85M QKV/O/MLP weights,
+        85 MB e4m3 + 170 MB bf16; a 50304 x 768 head, 77 MB."""
+        for module in self.modules():
+            if isinstance(module, FP8WeightCache):
+                module.enabled = on
+
+    @torch.no_grad()
+    def quantize_fp8_weights(self) -> None:
+        """Refresh every FP8 weight cache from the current weights (in place once filled, so compiled graphs
+        read the new values): the stacked QKV of each FP8 attention layer, every cached
+        :class:`speedrun.model.fp8.FP8Linear` (O, the MLP's two) and the head's (``config.fp8_head``). Call
+        after every optimizer step (after :meth:`sync_tied_embedding`) and before the first while
+        :meth:`use_fp8_weight_cache` is on. Nothing without FP8 paths."""
+        for module in self.modules():
+            if isinstance(module, (FP8Linear, CausalSelfAttention)):
+                module.quantize_weight_()
+        if self.head_fp8 is not None:
+            self.head_fp8.refresh_(self.lm_head.weight)
+
+    def _head_fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The head's cached FP8 operands (w8 (V, C), w_scale (), w8ᵀ (C, V)) while its cache is on, else
+        None (the loss quantizes the weight itself). ``RuntimeError`` when on but never filled."""
+        if self.head_fp8 is None or not self.head_fp8.enabled:
+            return None
+        return self.head_fp8.operands(self.lm_head.weight)
+
     def layer_windows(self) -> list[int | None]:
         """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``."""
         cfg = self.config
@@ -286,15 +325,17 @@ class GPT(nn.Module):
         """Mean cross-entropy (fp32 scalar, nats/token) of predicting ``targets`` (T,) int64 from ``inputs``
         (T,) int32 with documents ``cu_seqlens`` (S,) int32 (see :meth:`hidden_states`). The head's matrix
         products run in the autocast dtype when autocast is on; the logits' product in FP8 in training with
-        ``config.fp8_head`` (record #19)."""
+        ``config.fp8_head`` (record #19), from the head's weight cache while it is on
+        (:meth:`use_fp8_weight_cache`)."""
         x = self.hidden_states(inputs, cu_seqlens, max_seqlen)                        # (T, C)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
         cfg = self.config
+        fp8 = self.training and cfg.fp8_head
         return linear_cross_entropy(x, self.lm_head.weight, targets, softcap=cfg.logit_softcap,
                                     softcap_kind=cfg.softcap_kind, impl=cfg.cross_entropy,
                                     chunk_tokens=cfg.loss_chunk_tokens, compute_dtype=dtype,
-                                    fp8=self.training and cfg.fp8_head)
+                                    fp8=fp8, fp8_weight=self._head_fp8_weight() if fp8 else None)
 
     def parameter_kinds(self) -> dict[str, ParamKind]:
         """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the

@@ -32,8 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.config import SoftcapKind
-from speedrun.model.fp8 import E5M2, E5M2_MAX, HEAD_SCALES, fp8_linear, fp8_matmul, quantize, scaled_mm
+from speedrun.model.fp8 import E5M2, E5M2_MAX, HEAD_SCALES, fp8_linear, quantize, scaled_mm
 
+# The head's weight quantized once per optimizer step: (w8 (V, C) e4m3, w_scale () fp32, w8ᵀ (C, V) e4m3).
+FP8Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+_NO_WEIGHT = (None, None, None)
 _TINY_PROB = 1e-30
 SIGMOID_SHIFT = 5.0
 SIGMOID_TEMPERATURE = 7.5
@@ -55,7 +58,7 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
                          softcap: float | None = None, softcap_kind: SoftcapKind = "tanh",
                          impl: Literal["full", "chunked", "fused"] = "chunked",
                          chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None,
-                         fp8: bool = False) -> torch.Tensor:
+                         fp8: bool = False, fp8_weight: FP8Weight | None = None) -> torch.Tensor:
     """Mean cross-entropy (nats per token; an fp32 scalar, fp64 for fp64 products) of the logits
     ``softcap(x @ weight.T)``.
 
@@ -64,24 +67,31 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     fp8: the logits' product in FP8 with the head's fixed scales (:data:`speedrun.model.fp8.HEAD_SCALES`,
     records #19, #51, #67); the gradients' products in FP8 too with ``"full"``, in bf16 with ``"chunked"``
     (which computes them inside its own pass), in FP8 with ``"fused"``. Differentiable in x and weight for
-    every ``impl``.
+    every ``impl``. fp8_weight: None (``weight`` is quantized in this call) or, with ``fp8``, the head's
+    weight already quantized with its fixed scale, ``(w8 (V, C) e4m3, w_scale () fp32, w8ᵀ (C, V) e4m3)``
+    (a fresh :class:`speedrun.model.fp8.FP8WeightCache` of ``weight`` with ``HEAD_SCALES``: once per
+    optimizer step, issue 6); same values as without it.
     """
     dtype = compute_dtype or x.dtype
     with torch.autocast(x.device.type, enabled=False):
         if impl == "full":
-            logits = fp8_linear(x, weight, HEAD_SCALES) if fp8 else F.linear(x.to(dtype), weight.to(dtype))  # (T, V)
+            logits = (fp8_linear(x, weight, HEAD_SCALES, operands=fp8_weight) if fp8
+                      else F.linear(x.to(dtype), weight.to(dtype)))                             # (T, V)
             logits = logits.to(_accumulation_dtype(dtype))
             return F.cross_entropy(softcap_logits(logits, softcap, softcap_kind), targets)
         cap = None if softcap is None else (softcap, softcap_kind)
         if impl == "fused":
             if not torch.is_grad_enabled():
-                return softcapped_cross_entropy(_head_logits(x, weight, dtype, fp8)[0], targets, cap)[0].mean()
-            return _FusedLinearCrossEntropy.apply(x, weight, targets, cap, dtype, fp8)
+                logits = _head_logits(x, weight, dtype, fp8, fp8_weight)[0]
+                return softcapped_cross_entropy(logits, targets, cap)[0].mean()
+            return _FusedLinearCrossEntropy.apply(x, weight, targets, cap, dtype, fp8, *(fp8_weight or _NO_WEIGHT))
         if impl != "chunked":
             raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full', 'chunked' or 'fused'")
         if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
-            return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False, fp8)[0]
-        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype, fp8)
+            return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False, fp8,
+                                         fp8_weight)[0]
+        return _ChunkedLinearCrossEntropy.apply(x, weight, targets, cap, chunk_tokens, dtype, fp8,
+                                                *(fp8_weight or _NO_WEIGHT))
 
 
 def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
@@ -122,25 +132,34 @@ def gradient_bound(softcap: tuple[float, SoftcapKind] | None) -> float:
 _E5M2_TARGET = E5M2_MAX / 2
 
 
-def _head_logits(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, fp8: bool
-                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+def _fp8_head_weight(weight: torch.Tensor, fp8_weight: FP8Weight | None) -> FP8Weight | tuple:
+    """``(w8, w_scale, w8ᵀ or None)``: ``fp8_weight`` (the cached operands), else ``weight`` (V, C) quantized
+    with the head's fixed scale (records #19, #51) and no transposed copy (the backward makes it)."""
+    return fp8_weight if fp8_weight is not None else (*quantize(weight, HEAD_SCALES.weight), None)
+
+
+def _head_logits(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype, fp8: bool,
+                 fp8_weight: FP8Weight | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
     """The logits x Wᵀ (T, V) (bf16 from FP8 operands with the head's fixed scales, else in ``dtype``) and
-    what the backward products need: (x8, x_scale, w8, w_scale) or (x, W) in ``dtype``."""
+    what the backward products need: (x8, x_scale, w8, w_scale, w8ᵀ or None) or (x, W) in ``dtype``.
+    ``fp8_weight``: the head's cached FP8 operands (see :func:`linear_cross_entropy`), or None."""
     if fp8:
         x8, x_scale = quantize(x, HEAD_SCALES.x)
-        w8, w_scale = quantize(weight, HEAD_SCALES.weight)
-        return scaled_mm(x8, x_scale, w8, w_scale), (x8, x_scale, w8, w_scale)
+        w8, w_scale, w8_t = _fp8_head_weight(weight, fp8_weight)
+        return scaled_mm(x8, x_scale, w8, w_scale), (x8, x_scale, w8, w_scale, w8_t)
     xs, ws = x.to(dtype), weight.to(dtype)
     return xs @ ws.t(), (xs, ws)
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """The head's logits, then loss and dL/dz in one pass (:func:`softcapped_cross_entropy`); the backward
-    runs the two gradient products from the saved dL/dz, scaled by the incoming gradient there."""
+    runs the two gradient products from the saved dL/dz, scaled by the incoming gradient there. ``w8``,
+    ``w_scale``, ``w8_t``: the head's cached FP8 operands, or None (see :func:`linear_cross_entropy`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, softcap, dtype, fp8):  # noqa: D102 (autograd API)
-        logits, operands = _head_logits(x, weight, dtype, fp8)                 # (T, V)
+    def forward(ctx, x, weight, targets, softcap, dtype, fp8, w8=None, w_scale=None, w8_t=None):  # noqa: D102
+        fp8_weight = None if w8 is None else (w8, w_scale, w8_t)
+        logits, operands = _head_logits(x, weight, dtype, fp8, fp8_weight)      # (T, V)
         grad_mul = _E5M2_TARGET / gradient_bound(softcap) if fp8 else 1.0
         losses, grad = softcapped_cross_entropy(logits, targets, softcap, with_grad=True, grad_mul=grad_mul,
                                                 e5m2=fp8)                          # (T,), (T, V)
@@ -156,8 +175,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         acc = torch.float32 if ctx.fp8 else _accumulation_dtype(grad.dtype)
         scale = (grad_loss.to(acc) * ctx.unscale).reshape(())                    # dL/dz = grad · scale
         if ctx.fp8:
-            x8, x_scale, w8, w_scale = operands                                 # grad: (T, V) e5m2
-            dx = scaled_mm(grad, scale, w8.t().contiguous(), w_scale) if need_x else None
+            x8, x_scale, w8, w_scale, w8_t = operands                           # grad: (T, V) e5m2
+            w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (C, V)
+            dx = scaled_mm(grad, scale, w8_t, w_scale) if need_x else None
             dw = scaled_mm(grad.t().contiguous(), scale, x8.t().contiguous(), x_scale) if need_w else None
         else:
             xs, ws = operands
@@ -165,17 +185,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             dw = (grad.t() @ xs).to(acc) * scale if need_w else None
         x_dtype, w_dtype = ctx.dtypes
         return (None if dx is None else dx.to(x_dtype), None if dw is None else dw.to(w_dtype),
-                None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Loss in the forward pass, with dL/dx and dL/dW computed alongside and saved for the backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, softcap, chunk_tokens, dtype, fp8):  # noqa: D102 (autograd API)
+    def forward(ctx, x, weight, targets, softcap, chunk_tokens, dtype, fp8, w8=None, w_scale=None,  # noqa: D102
+                w8_t=None):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        fp8_weight = None if w8 is None else (w8, w_scale, w8_t)
         loss, grad_x, grad_w = chunked_cross_entropy(x, weight, targets, softcap, chunk_tokens, dtype,
-                                                     need_x, need_w, fp8)
+                                                     need_x, need_w, fp8, fp8_weight)
         ctx.save_for_backward(grad_x, grad_w)
         ctx.dtypes = (x.dtype, weight.dtype)
         return loss
@@ -186,18 +208,19 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         dx = (grad_x * grad_loss).to(x_dtype) if ctx.needs_input_grad[0] else None
         dw = (grad_w * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None
 
 
 @torch.no_grad()
 def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           softcap: tuple[float, SoftcapKind] | None, chunk_tokens: int, dtype: torch.dtype,
-                          need_x: bool = True, need_w: bool = True, fp8: bool = False
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          need_x: bool = True, need_w: bool = True, fp8: bool = False,
+                          fp8_weight: FP8Weight | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, dloss/dx, dloss/dW)``: fp32 scalar mean loss, (T, C) and (V, C) gradients in fp32 (fp64 when
     ``dtype`` is fp64; empty tensors when not ``need_x`` / ``need_w``). ``softcap``: None or (c, kind).
-    ``fp8``: the logits of each chunk from :func:`speedrun.model.fp8.fp8_matmul`. Other inputs as for
-    :func:`linear_cross_entropy`."""
+    ``fp8``: the logits of each chunk in FP8 with the head's fixed scales: x's chunk in ``dtype`` quantized,
+    times ``weight`` quantized once per call (as the other impls quantize it), or ``fp8_weight``'s cached
+    copy of it; the gradient products stay in ``dtype``. Other inputs as for :func:`linear_cross_entropy`."""
     num_tokens, vocab, dim = x.size(0), weight.size(0), weight.size(1)
     xs, w = x.to(dtype), weight.to(dtype)
     acc = _accumulation_dtype(dtype)
@@ -206,13 +229,15 @@ def chunked_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.
     probs = torch.empty(chunk, vocab, dtype=acc, device=x.device)                   # softmax(z)
     low = logits if dtype == acc else torch.empty(chunk, vocab, dtype=dtype, device=x.device)
     partial = torch.empty(vocab, dim, dtype=dtype, device=x.device) if need_w and low is not logits else None
+    w8, w_scale, _ = _fp8_head_weight(weight, fp8_weight) if fp8 else _NO_WEIGHT      # (V, C) e4m3, ()
     losses = torch.empty(num_tokens, dtype=acc, device=x.device)
     grad_x = torch.empty((num_tokens, dim) if need_x else 0, dtype=acc, device=x.device)
     grad_w = torch.zeros((vocab, dim) if need_w else 0, dtype=acc, device=x.device)
     for start in range(0, num_tokens, chunk):
         rows, n = slice(start, start + chunk), min(chunk, num_tokens - start)
         if fp8:
-            low[:n].copy_(fp8_matmul(xs[rows], w, HEAD_SCALES))
+            x8, x_scale = quantize(xs[rows], HEAD_SCALES.x)                          # (c, C) e4m3
+            low[:n].copy_(scaled_mm(x8, x_scale, w8, w_scale))
         else:
             torch.mm(xs[rows], w.t(), out=low[:n])
         if low is not logits:
