@@ -167,12 +167,13 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
 
     batches = run.step_batches(1)
     max_seq_len = config.batch_at(1)[1]
-    parts = {"forward + backward": [], "optimizer step": [], "zero_grad": []}
+    parts = {"forward + backward": [], "optimizer step": [], "zero_grad": [], "tied copy + FP8 weights": []}
     for _ in range(3):
         parts["forward + backward"].append(timed(lambda: train_step(
             run.forward, run.model, batches, device, run.autocast, 1, max_seq_len)))
         parts["optimizer step"].append(timed(run.optimizers.step))
         parts["zero_grad"].append(timed(run.optimizers.zero_grad))
+        parts["tied copy + FP8 weights"].append(timed(run.model.after_optimizer_step))
     lines = ["| part of a step (steps re-run on one batch) | ms (median of 3) |", "|---|---|"]
     lines += [f"| {k} | {statistics.median(v):.1f} |" for k, v in parts.items()]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

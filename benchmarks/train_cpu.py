@@ -55,6 +55,7 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
                    config.max_seq_len)
         optimizers.step()
         optimizers.zero_grad()
+        model.after_optimizer_step()
         if step >= warmup:
             times.append(time.perf_counter() - start)
     val = [to_torch(synthetic_micro_batch(config.val_batch_tokens, rng), device) for _ in range(val_batches)]

@@ -302,6 +302,31 @@ def test_a_gpt_with_fresh_caches_trains_bit_for_bit_as_without(cross_entropy):
     assert _equal(cached, _loss_and_grads(model)) and not torch.equal(cached[0], ref[0])
 
 
+def test_after_an_optimizer_step_and_a_state_dict_load_the_caches_hold_the_new_weights():
+    """``after_optimizer_step`` refreshes switched-on caches (and the tied copy); ``load_state_dict`` into a
+    model with filled caches refreshes them: the cached loss is then the per-call loss of the new weights."""
+    model = _trained_looking_gpt(tie_embed_head=True)
+    other = _trained_looking_gpt(tie_embed_head=True)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(15)) * 0.05)
+    other.sync_tied_embedding()
+    per_call = _loss_and_grads(other)[0]                     # caches off: per-call quantization
+    model.use_fp8_weight_cache(True)
+    model.quantize_fp8_weights()
+    before = _loss_and_grads(model)[0]
+    model.load_state_dict(other.state_dict())
+    assert torch.equal(_loss_and_grads(model)[0], per_call) and not torch.equal(per_call, before)
+    with torch.no_grad():                                    # an "update" of the head, the tied weight
+        model.lm_head.weight.mul_(0.5)
+    stale = _loss_and_grads(model)[0]
+    model.after_optimizer_step()
+    torch.testing.assert_close(model.embed.weight, model.lm_head.weight, rtol=0, atol=0)
+    fresh = _loss_and_grads(model)[0]
+    model.use_fp8_weight_cache(False)
+    assert torch.equal(fresh, _loss_and_grads(model)[0]) and not torch.equal(fresh, stale)
+
+
 def test_a_compiled_layer_reads_the_refreshed_cache_in_one_graph():
     g = torch.Generator().manual_seed(15)
     layer = FP8Linear(32, 48, fp8=True)

@@ -284,8 +284,7 @@ class _Run:
                           max_seq_len, self.optimizers.self_reduced_parameters())
         self.optimizers.step()
         self.optimizers.zero_grad()
-        self.model.sync_tied_embedding()
-        self.model.quantize_fp8_weights()                        # the next step's FP8 weights
+        self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))

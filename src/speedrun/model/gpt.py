@@ -241,6 +241,23 @@ class GPT(nn.Module):
         if self.head_fp8 is not None:
             self.head_fp8.refresh_(self.lm_head.weight)
 
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """What the weights' copies need after every optimizer step, in order: :meth:`sync_tied_embedding`
+        (while tied), then :meth:`quantize_fp8_weights` (while :meth:`use_fp8_weight_cache` is on). Every
+        loop that steps the optimizers calls this (the train stage, the benchmarks)."""
+        self.sync_tied_embedding()
+        if any(m.enabled for m in self.modules() if isinstance(m, FP8WeightCache)):
+            self.quantize_fp8_weights()
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, then the FP8 weight caches refreshed from the loaded weights when
+        any was filled (else a filled cache would keep multiplying the weights from before the load)."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if any(m.w8.numel() for m in self.modules() if isinstance(m, FP8WeightCache)):
+            self.quantize_fp8_weights()
+        return result
+
     def _head_fp8_weight(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The head's cached FP8 operands (w8 (V, C), w_scale (), w8ᵀ (C, V)) while its cache is on, else
         None (the loss quantizes the weight itself). ``RuntimeError`` when on but never filled."""
