@@ -266,9 +266,13 @@ def _run_ranks(world, settings, shards, bos, log):
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps(synthetic, tmp_path):
+@pytest.mark.parametrize("extra", [{}, {"dtype": "float32", "model": {**SMALL, "tie_embed_head": True},
+                                         "untie_step": 3}], ids=["untied", "tied-then-untied-fp32"])
+def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps(synthetic, tmp_path, extra):
+    """Tied, the embedding's gradient is folded into the head's before the all-reduce (fp32 here: in bf16 the
+    tied sums' order moves the losses by about 7e-5)."""
     shards, bos = synthetic
-    base = {**QUICK, "steps": 5, "val_every": 2, "micro_batches": 2}
+    base = {**QUICK, "steps": 5, "val_every": 2, "micro_batches": 2, **extra}
     one = _run_ranks(1, {**base, "world_size": 1}, shards, bos, tmp_path / "one.txt")[0]
     two = _run_ranks(2, {**base, "world_size": 2}, shards, bos, tmp_path / "two.txt")
     assert two[0] == two[1]                                   # every rank saw the same averaged losses

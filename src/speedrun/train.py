@@ -238,8 +238,9 @@ class _Run:
 
     def _compiled(self) -> Callable[..., torch.Tensor]:
         """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
-        batch shape is one graph (for training and for validation), and every window setting too unless the model takes the
-        windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile limit leaves room."""
+        batch shape is one graph (for training and for validation), and every window setting too unless
+        the model takes the windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile
+        limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         mode = None if self.config.compile_mode == "default" else self.config.compile_mode
         return torch.compile(self.model, dynamic=False, mode=mode)
