@@ -199,10 +199,8 @@ class _Run:
         if launch.world_size > 1:
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
-        mc = config.model_config()
-        if mc.fp8_head or mc.fp8_attention or mc.fp8_mlp:    # FP8 weights quantized once per step (issue 6)
-            self.model.use_fp8_weight_cache(True)
-            self.model.quantize_fp8_weights()                 # before the warm-up compiles the graphs
+        self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
+        self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
         self.optimizers: Optimizers = build_optimizers(
             self.model, self.model.parameter_kinds(), dataclasses.replace(config.optim_config(), langevin_seed=seed))
         self.forward = self._compiled() if config.compile else self.model
@@ -320,7 +318,6 @@ class _Run:
     def run(self) -> RunResult:
         """The training loop; the result's status is ``complete`` or ``diverged`` (after logging why)."""
         cfg = self.config
-        self.model.quantize_fp8_weights()                        # after the warm-up, before the first step
         self.clock.start()
         for step in range(cfg.steps + 1):
             if step == cfg.steps or step == 0 or (cfg.val_every and step % cfg.val_every == 0):
