@@ -389,3 +389,35 @@ def test_a_training_run_with_the_cache_logs_the_per_call_losses(cross_entropy, t
     assert len(cached) == len(per_call) == 6 + 3
     assert cached == pytest.approx(per_call, rel=1e-6)
     assert all(math.isfinite(loss) for loss in cached)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_cached_weights_give_the_per_call_products(compiled):
+    """On the GPU (``torch._scaled_mm`` on the tensor cores, optionally compiled), a fresh cache gives the
+    per-call quantization's output and gradients, for a dynamic-scale FP8Linear and for the head's FP8
+    backward, and a refresh in place is read by the same compiled graph."""
+    torch.manual_seed(16)
+    for scales in (None, HEAD_SCALES):
+        layer = FP8Linear(768, 1024, fp8=True).cuda()
+        if scales is not None:                                 # the head: fixed scales, FP8 backward
+            layer.weight_cache = FP8WeightCache(scales).cuda()
+            layer.forward = lambda x, layer=layer, scales=scales: fp8_linear(x, layer.weight, scales,
+                                                                             cache=layer.weight_cache)
+        with torch.no_grad():
+            layer.weight.mul_(0.02 / layer.weight.std())
+        x = torch.randn(512, 768, device="cuda", requires_grad=True)
+        upstream = torch.randn(512, 1024, device="cuda") * 1e-4
+        ref = _forward_backward(layer, x, layer.weight, upstream)            # cache off: per call
+        layer.weight_cache.enabled = True
+        layer.quantize_weight_()
+        fn = torch.compile(layer) if compiled else layer
+        assert _equal(_forward_backward(fn, x, layer.weight, upstream), ref)
+        with torch.no_grad():
+            layer.weight.mul_(1.5)
+        layer.quantize_weight_()                               # in place: the compiled graph reads it
+        layer.weight_cache.enabled = False
+        fresh = _forward_backward(layer, x, layer.weight, upstream)
+        layer.weight_cache.enabled = True
+        assert _equal(_forward_backward(fn, x, layer.weight, upstream), fresh)
