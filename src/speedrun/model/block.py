@@ -126,7 +126,7 @@ class CausalSelfAttention(nn.Module):
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C); FP8
         (one dynamic scale for the three) in the training forward with ``fp8_attention``."""
-        weight = torch.cat((self.q.weight, self.k.weight, self.v.weight))                 # (3·H·Dh, C)
+        weight = self._qkv_weight()
         if self.q.fp8 and self.training:
             return fp8_linear(x, weight, cache=self.qkv_fp8)
         return F.linear(x, weight)
@@ -136,7 +136,11 @@ class CausalSelfAttention(nn.Module):
         """Refresh ``qkv_fp8`` from the current stacked QKV weight (nothing without ``fp8_attention``; ``o``
         refreshes its own cache)."""
         if self.qkv_fp8 is not None:
-            self.qkv_fp8.refresh_(torch.cat((self.q.weight, self.k.weight, self.v.weight)))
+            self.qkv_fp8.refresh_(self._qkv_weight())
+
+    def _qkv_weight(self) -> torch.Tensor:
+        """The stacked projection weights [Wq; Wk; Wv] (3·H·Dh, C), as one product (and its cache) uses them."""
+        return torch.cat((self.q.weight, self.k.weight, self.v.weight))
 
 
 class Block(nn.Module):
