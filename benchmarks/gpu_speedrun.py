@@ -63,6 +63,18 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def compile_cache_counters() -> dict[str, int]:
+    """The compile caches' hits, misses and bypasses in this process (``torch._dynamo.utils.counters``):
+    ``aot_autograd`` (the traced forward and backward graphs) and ``inductor`` (``fxgraph_cache_*``, the
+    generated kernels' code). A warm start should show hits only; a bypass names a graph that is traced
+    and compiled again every run."""
+    from torch._dynamo.utils import counters
+
+    keep = ("autograd_cache", "fxgraph_cache")
+    return {f"{group}.{name}": int(n) for group in ("aot_autograd", "inductor")
+            for name, n in counters[group].items() if name.startswith(keep)}
+
+
 def load_settings(path: Path, overrides: list[str], steps: int | None) -> dict:
     """The ``train`` mapping of the config file, with ``key=json`` overrides and ``--steps``."""
     settings = dict(yaml.safe_load(path.read_text())["train"])
@@ -224,7 +236,7 @@ def main() -> None:
     figures = summarize(config, log, args.skip, args.peak_tflops)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
-                   graphs=compiled_graphs(), host=socket.gethostname(), config=str(args.config),
+                   graphs=compiled_graphs(), caches=compile_cache_counters(), host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
     if args.profile:
         profile_steps(config, args.data, args.out / f"{args.name}.profile")

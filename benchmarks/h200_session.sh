@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20, cold then warm start
 #   bash benchmarks/h200_session.sh race28     # the race with record #28's switch set and its code's settings
+#   bash benchmarks/h200_session.sh sched28    # the full set without the bigram table, on the schedule of race28
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 60 steps through its window schedule: the
 #                                              # issue 4 floor (572K tokens/s) over every window stage
@@ -33,7 +34,7 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
-case "${1:?part: tests, race, race28, long, record28, ablations, masks, profile or quick}" in
+case "${1:?part: tests, race, race28, sched28, long, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
@@ -48,6 +49,10 @@ race28)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race-record28.yaml --name race-record28 --compile-cache $CACHE \
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-record28.out" ;;
+sched28)   # the full set (no bigram table: the race repeats debian-docs) on record #28's code's schedule
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-race-sched28.yaml --name race-sched28 --compile-cache $CACHE \
+        2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-sched28.out" ;;
 long)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name long --steps 300 --set tokens_per_step=49152 \
