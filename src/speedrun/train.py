@@ -240,6 +240,7 @@ class _Run:
         the model takes the windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile
         limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        allow_training_graph_cache()
         mode = None if self.config.compile_mode == "default" else self.config.compile_mode
         return torch.compile(self.model, dynamic=False, mode=mode)
 
@@ -425,6 +426,27 @@ def use_compile_cache(folder: Path, env: MutableMapping[str, str]) -> None:
     folder = folder.resolve()
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     env.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+
+
+def allow_training_graph_cache() -> None:
+    """Let AOTAutograd's on-disk cache keep the training graph, so that a warm start (the second seed of a
+    variant, :func:`use_compile_cache`) loads its forward and backward instead of tracing them again.
+
+    The loss turns autocast off inside the compiled model (:func:`speedrun.model.loss.linear_cross_entropy`
+    computes the logits' products in the dtype it is given); Dynamo records that as calls of
+    ``torch.amp.autocast_mode._enter_autocast`` / ``_exit_autocast``, which AOTAutograd's cache refuses by
+    default ("Unsupported call_function target"): every start re-traced the training graph (warm start
+    39.3 s on the H200 with the cache otherwise warm, docs/benchmarks.md). Their arguments (device type,
+    dtype, enabled) are constants of the graph and so part of the cache key: marking the two functions
+    cacheable, keyed by the torch version, is safe. The same holds for custom autograd Functions (the FP8
+    linear, the fused cross-entropy and the Triton kernels' gradients), whose forward and backward Dynamo
+    traces into the graph; torch versions that refuse them have a switch for it, turned on here.
+    Process-wide and idempotent."""
+    marked = torch._inductor.config.unsafe_marked_cacheable_functions
+    for name in ("_enter_autocast", "_exit_autocast"):
+        marked[f"torch.amp.autocast_mode.{name}"] = torch.__version__
+    if hasattr(torch._functorch.config, "autograd_cache_allow_custom_autograd_functions"):
+        torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
 
 
 def main(args: argparse.Namespace) -> int:
