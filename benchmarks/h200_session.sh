@@ -3,6 +3,7 @@
 # Run from the repository root with the debian-docs stage folders in .carry/dd (see docs/benchmarks.md):
 #   bash benchmarks/h200_session.sh tests      # the gpu-marked tests of the model, kernels and optimizers
 #   bash benchmarks/h200_session.sh race       # full set, 120 steps, val every 20, cold then warm start
+#   bash benchmarks/h200_session.sh restart    # full set, cold start then second start, 2 steps each (compile reuse)
 #   bash benchmarks/h200_session.sh race28     # the race with record #28's switch set and its code's settings
 #   bash benchmarks/h200_session.sh sched28    # the full set without the bigram table, on the schedule of race28
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
@@ -34,7 +35,7 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
-case "${1:?part: tests, race, race28, sched28, long, record28, ablations, masks, profile or quick}" in
+case "${1:?part: tests, race, restart, race28, sched28, long, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
@@ -45,6 +46,12 @@ race)   # cold: 229 s of compile and warm-up with 4 graphs (2026-11-30, third se
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-full.out"
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-warm-start --compile-cache $CACHE --steps 2 \
         --set val_every=0 2>&1 | tee "$OUT/race-warm-start.out" ;;
+restart)   # compile reuse alone: cold start then second start, 2 steps each (issue 6: 180 s and 30 s)
+    prepare_data
+    for name in restart-cold restart-warm; do
+        $BENCH --config benchmarks/configs/h200-race.yaml --name $name --compile-cache $CACHE --steps 2 \
+            --set val_every=0 2>&1 | tee "$OUT/$name.out"
+    done ;;
 race28)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race-record28.yaml --name race-record28 --compile-cache $CACHE \

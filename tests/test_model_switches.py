@@ -310,6 +310,7 @@ def test_record28_preset_is_the_sparse_attention_gate_record():
     assert cfg.window_pattern == "LSSSLSSLSSSL" and cfg.attention_free_layers == (7,)
     assert (cfg.rope, cfg.attention_scale, cfg.yarn) == ("half_truncated", 0.12, False)
     assert (cfg.value_embed_layers, cfg.value_embed_tables) == ((0, 1, 2, 9, 10, 11), 3)
+    assert (cfg.value_embed_std, cfg.value_lambdas) == (1.0, True)                 # nn.Embedding's N(0, 1); SA λ
     assert (cfg.skip_connections, cfg.x0_lambdas, cfg.tie_embed_head, cfg.smear) == ("unet", True, False, False)
     assert cfg.attention_gate_layers == tuple(i for i in range(12) if i != 7)
     assert (cfg.fp8_head, cfg.fp8_attention, cfg.bigram_vocab_size, cfg.paired_head_layers) == (True, False, 0, ())
@@ -326,8 +327,9 @@ def test_preset_parameter_counts_by_hand():
     with torch.device("meta"):
         record28, wide = GPT(PRESETS["record28"]), GPT(PRESETS["gpt124m"])
     count = lambda m: sum(p.numel() for p in m.parameters())                       # noqa: E731
-    # embed + head + 3 value tables; 11 attentions with (6, 12) gates, 12 MLPs; x0 lambdas; 6 U-net weights
-    assert count(record28) == 2 * v * c + 3 * v * c + 11 * (attention + 72) + 12 * mlp + 24 + 6
+    # embed + head + 3 value tables; 11 attentions with (6, 12) gates and (2,) value lambdas, 12 MLPs; x0
+    # lambdas; 6 U-net weights
+    assert count(record28) == 2 * v * c + 3 * v * c + 11 * (attention + 72 + 2) + 12 * mlp + 24 + 6
     # embed + head + 5 value tables + bigram table and gates; 12 gated attentions and MLPs; smear; skip
     assert count(wide) == 7 * v * c + 377280 * c + 12 + 12 * (attention + 72 + mlp + 2) + 13 + 1
     kinds = wide.parameter_kinds()
@@ -339,4 +341,5 @@ def test_preset_parameter_counts_by_hand():
     assert kinds["bigram.table"] == "embed" and kinds["bigram.gates"] == "scalar"
     assert record28.blocks[7].attn is None and kinds["embed.weight"] == "head"          # tied to the head
     assert record28.parameter_kinds()["embed.weight"] == "embed"                        # untied throughout
+    assert record28.parameter_kinds()["blocks.0.attn.value_lambdas"] == "scalar"
     assert wide.bigram.signs.shape == (8192, 768) and wide.bigram.signs.device.type == "cpu"

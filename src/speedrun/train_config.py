@@ -43,7 +43,13 @@ class TrainConfig:
     seeded by the run's seed; ``shard_muon``: on several ranks, each rank updates a slice of every bank of
     matrices (reduce-scatter, update, all-gather; speedrun-spec.md 3.4); ``mlp_proj_lr_mul``: an extra lr
     factor for the MLP output matrices (the record's 4: it stores them as (4C, C), shape factor 2, and doubles
-    that, speedrun-spec.md 3.2; ours are (C, 4C), shape factor 1).
+    that, speedrun-spec.md 3.2; ours are (C, 4C), shape factor 1); ``mlp_fc_lr_mul``: the same for the MLP
+    input matrices, whose (4C, C) layout keeps Muon's shape factor 2 on top (record #28, 2025-08-23
+    SparseAttnGate, its train_gpt.py: 0.5, since it stores c_fc as (C, 4C), shape factor 1);
+    ``adam_eps``: Adam's ε (> 0) in units of the gradient of the mean loss (nats/token); record #28 sums its
+    loss over 393,216 tokens per step with ε 1e-10, i.e. 1e-10/393216 ≈ 2.54e-16 here;
+    ``muon_attention_gates``: train the attention output gates' (H, 12) weights with Muon at ``muon_lr``
+    instead of Adam at ``scalar_lr`` (record #28's ``dampen``; needs ``model.attention_gate_layers``).
     LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
     in ``lr_stage_multipliers``, one per equal stage of the steps (the record's 1.0, 1.52, 1.73 with its three
     batch-size stages; empty: 1.0 throughout), then over the last ``cooldown_frac`` of the steps linear from
@@ -85,6 +91,7 @@ class TrainConfig:
     head_lr: float = 0.008
     scalar_lr: float = 0.04
     adam_betas: tuple[float, float] = (0.8, 0.95)
+    adam_eps: float = 1e-10
     muon_lr: float = 0.05
     muon_momentum: float = 0.95
     momentum_warmup_steps: int = 300
@@ -94,6 +101,8 @@ class TrainConfig:
     langevin_noise: float = 0.0
     shard_muon: bool = True
     mlp_proj_lr_mul: float = 1.0
+    mlp_fc_lr_mul: float = 1.0
+    muon_attention_gates: bool = False
     cooldown_frac: float = 0.4
     lr_floor: float = 0.0
     lr_stage_multipliers: tuple[float, ...] = ()
@@ -113,7 +122,7 @@ class TrainConfig:
         _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
         _check_int("momentum_cooldown_steps", self.momentum_cooldown_steps, 0)
         for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
-                     "langevin_noise", "mlp_proj_lr_mul"):
+                     "langevin_noise", "mlp_proj_lr_mul", "mlp_fc_lr_mul"):
             _check_number(name, getattr(self, name), 0.0, math.inf)
         for name in ("cooldown_frac", "lr_floor"):
             _check_number(name, getattr(self, name), 0.0, 1.0)
@@ -127,7 +136,10 @@ class TrainConfig:
             raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
         for beta in self.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
-        for name in ("compile", "cautious_weight_decay", "shard_muon"):
+        ok = isinstance(self.adam_eps, (int, float)) and not isinstance(self.adam_eps, bool)
+        if not ok or not 0.0 < self.adam_eps < math.inf:
+            raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}")
+        for name in ("compile", "cautious_weight_decay", "shard_muon", "muon_attention_gates"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
         if self.normuon_beta2 is not None:
@@ -139,6 +151,9 @@ class TrainConfig:
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self._check_device()
+        if self.muon_attention_gates and not self._preset_model().attention_gate_layers:
+            raise SpeedrunError("train.muon_attention_gates needs a model with attention gates "
+                                "(model.attention_gate_layers is empty)")
         self._check_schedules()
         self._check_divisions()
         self._check_rotary_positions()

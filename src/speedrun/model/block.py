@@ -61,10 +61,13 @@ class CausalSelfAttention(nn.Module):
     the training forward with ``config.fp8_attention``. In ``config.paired_head_layers`` the heads attend in
     pairs (:func:`speedrun.model.paired.paired_attention`); in ``config.attention_gate_layers`` each head's
     output is multiplied by its gate (:class:`speedrun.model.gates.AttentionGate`, parameter ``gate``)
-    before Wo. Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels
-    apply). With ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic
-    scale for the three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`,
-    used only while switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None.
+    before Wo. A value embedding ve is added to v (records #14-#17); with ``config.value_lambdas`` (record
+    #28's "SA lambdas") the parameter ``value_lambdas`` (2,) (λ0, λ1), from (0.5, 0.5), weights them:
+    ``v = λ0·v + λ1·ve``, or ``v = λ0·v`` when the layer has no value embedding (:meth:`mix_values`).
+    Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels apply). With
+    ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic scale for the
+    three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`, used only while
+    switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None.
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
@@ -82,6 +85,7 @@ class CausalSelfAttention(nn.Module):
             init_input_(linear.weight)
         init_output_(self.o.weight)
         self.gate = AttentionGate(config.n_head) if layer in config.attention_gate_layers else None
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if config.value_lambdas else None
         self.rotary_kernel = config.rotary_kernel
         self._qk_norm_rotary = (optional_kernel("qk_norm_rotary", "qk_norm_rotary")
                                 if config.rotary_kernel == "triton" else None)
@@ -89,12 +93,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, context: AttentionContext, window: int | torch.Tensor | None = None,
                 value_embed: torch.Tensor | None = None) -> torch.Tensor:
         """x: (T, C); context: the shared tables of this forward pass; window in tokens (in positions of the
-        doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) added to v (records
-        #14-#17). Returns (T, C)."""
-        shape = (x.size(0), self.n_head, self.head_dim)
+        doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) mixed into v
+        (:meth:`mix_values`). Returns (T, C)."""
         q, k, v = self._qkv(x).view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)  # (T, H, Dh) each
-        if value_embed is not None:
-            v = v + value_embed.view(shape).type_as(v)
+        v = self.mix_values(v, value_embed)
         if self.paired:
             q, k = rms_norm(q), rms_norm(k)
             y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
@@ -105,6 +107,18 @@ class CausalSelfAttention(nn.Module):
         if self.gate is not None:
             y = y * self.gate(x).type_as(y)
         return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
+
+    def mix_values(self, v: torch.Tensor, value_embed: torch.Tensor | None) -> torch.Tensor:
+        """The values attention reads, (T, H, Dh) in v's dtype: ``v + ve`` (records #14-#17; ``v`` when
+        ``value_embed`` is None) or, with ``value_lambdas``, ``λ0·v + λ1·ve`` (``λ0·v`` when it is None) as in
+        record #28 (its L625-627; q and k are normalized and rotated separately, v is not). value_embed:
+        None or (T, H*Dh), cast to v's dtype. The λ enter as 0-d fp32 tensors, which do not promote a bf16 v
+        (the record's arithmetic); the branches depend on None-ness only, not on tensor values."""
+        ve = None if value_embed is None else value_embed.view(v.shape).type_as(v)     # (T, H, Dh)
+        lambdas = self.value_lambdas
+        if lambdas is None:
+            return v if ve is None else v + ve
+        return lambdas[0] * v if ve is None else lambdas[0] * v + lambdas[1] * ve
 
     def _norm_rotary(self, q: torch.Tensor, k: torch.Tensor, context: AttentionContext):
         """QK-norm and RoPE of a non-paired layer: q, k (T, H, Dh) -> (T, H, Dh) each in q's dtype. With

@@ -75,6 +75,11 @@ class GPTConfig:
         value_embed_tables: 0 for one table per value-embedding layer, or k >= 1 tables shared in turn: the
             j-th layer of ``value_embed_layers`` reads table j mod k (record #28: 3 tables on layers 0, 1, 2
             and again 9, 10, 11, the "012 ... 012" layout).
+        value_embed_std: the standard deviation of the value-embedding tables at initialization, > 0: 0.01
+            in the current record (speedrun-spec.md 2.2), 1.0 in record #28 (``nn.Embedding``'s default N(0, 1)).
+        value_lambdas: record #28's learned per-attention-layer pair (λ0, λ1), from (0.5, 0.5): the values are
+            ``v = λ0·v + λ1·ve`` in a layer with a value embedding and ``v = λ0·v`` in one without
+            (parameter ``value_lambdas`` (2,) of each attention, kind ``scalar``). Off: ``v + ve``.
         smear: one-token look-back on the embeddings, x[t] += λ·σ(w·x[t,:12])·x[t-1] (record #34).
         tie_embed_head: the embedding reads the head's weight until the training untie step (records #8,
             #51, #53).
@@ -140,6 +145,8 @@ class GPTConfig:
     x0_lambdas: bool = False
     value_embed_layers: tuple[int, ...] = ()
     value_embed_tables: int = 0
+    value_embed_std: float = 0.01
+    value_lambdas: bool = False
     smear: bool = False
     tie_embed_head: bool = False
     bigram_vocab_size: int = 0
@@ -181,7 +188,7 @@ class GPTConfig:
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
-                     "fp8_mlp"):
+                     "fp8_mlp", "value_lambdas"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         if self.fp8_mlp and self.mlp_kernel != "torch":
@@ -218,6 +225,9 @@ class GPTConfig:
         if not _is_int(tables) or not 0 <= tables <= len(self.value_embed_layers):
             raise SpeedrunError(f"model.value_embed_tables must be an integer in 0..{len(self.value_embed_layers)}"
                                 f" (the number of value_embed_layers), got {tables!r}")
+        std = self.value_embed_std
+        if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0 < std < float("inf"):
+            raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}")
         if self.smear and self.model_dim < GATE_CHANNELS:
             raise SpeedrunError(f"model.smear reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
         if not _is_int(self.bigram_vocab_size) or self.bigram_vocab_size < 0 or self.bigram_vocab_size == 1:
@@ -324,13 +334,16 @@ PRESETS: dict[str, GPTConfig] = {
     # attention gate on every attention layer (#28); FP8 head (#19); untied embedding and head. Its softcap
     # 30·σ(z/7.5) equals 15·tanh(z/15) + 15, and a constant added to every logit leaves the softmax and
     # the loss unchanged: hence tanh with cap 15. Its loss is F.cross_entropy of the compiled softcap; here
-    # the fused cross-entropy, the same function in one pass.
+    # the fused cross-entropy, the same function in one pass. Its value-embedding tables start at
+    # nn.Embedding's N(0, 1) (value_embed_std 1.0), and its values mix as v = λ0·v + λ1·ve (λ0·v in layers
+    # without a value embedding) with learned per-layer λ from (0.5, 0.5) (value_lambdas, its "SA lambdas").
     "record28": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.12,
                           window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=1,
                           logit_softcap=15.0, softcap_kind="tanh", x0_lambdas=True,
                           value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
-                          skip_connections="unet", attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
+                          value_embed_std=1.0, value_lambdas=True, skip_connections="unet",
+                          attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
                           attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
                           cross_entropy="fused", rotary_kernel="triton"),
 }

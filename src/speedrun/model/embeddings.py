@@ -15,22 +15,27 @@ VALUE_EMBED_STD = 0.01
 
 class ValueEmbeddings(nn.Module):
     """Token-indexed tables (V, A) added to chosen layers' attention values: ``v += table[token]``
-    (speedrun-spec.md 2.2 step 3; tables initialized N(0, 0.01²)).
+    (speedrun-spec.md 2.2 step 3), or mixed in with learned weights (``GPTConfig.value_lambdas``, record #28).
 
     ``layers``: the layer indices that get a value embedding, in increasing order. ``tables``: 0 for one
     table per layer, or k >= 1 tables shared in turn, the j-th listed layer reading table j mod k (record
-    #28: 3 tables over layers 0, 1, 2, 9, 10, 11, "012 ... 012").
+    #28: 3 tables over layers 0, 1, 2, 9, 10, 11, "012 ... 012"). ``std``: the tables start N(0, std²):
+    0.01 in the current record (speedrun-spec.md 2.2), 1.0 in record #28 (``nn.Embedding``'s default).
+    Raises ``ValueError`` for a table count outside 1..len(layers) or std <= 0.
     """
 
-    def __init__(self, vocab_size: int, attn_dim: int, layers: tuple[int, ...], tables: int = 0):
+    def __init__(self, vocab_size: int, attn_dim: int, layers: tuple[int, ...], tables: int = 0,
+                 std: float = VALUE_EMBED_STD):
         super().__init__()
         count = tables or len(layers)
         if not 1 <= count <= len(layers):
             raise ValueError(f"{tables} value-embedding tables for {len(layers)} layers")
+        if not std > 0:
+            raise ValueError(f"value-embedding std must be > 0, got {std}")
         self.slot = {layer: j % count for j, layer in enumerate(layers)}
         self.tables = nn.ModuleList(nn.Embedding(vocab_size, attn_dim) for _ in range(count))
         for table in self.tables:
-            nn.init.normal_(table.weight, mean=0.0, std=VALUE_EMBED_STD)
+            nn.init.normal_(table.weight, mean=0.0, std=std)
 
     def per_layer(self, inputs: torch.Tensor, n_layer: int) -> list[torch.Tensor | None]:
         """For each of ``n_layer`` layers, its (T, A) value embedding of ``inputs`` (T,) int, or None. A

@@ -95,7 +95,7 @@ class GPT(nn.Module):
                 self.embed.weight.copy_(self.lm_head.weight)
         if config.value_embed_layers:
             self.value_embeds = ValueEmbeddings(config.vocab_size, config.attn_dim, config.value_embed_layers,
-                                                config.value_embed_tables)
+                                                config.value_embed_tables, config.value_embed_std)
         if config.smear:
             self.smear = Smear(config.model_dim)
         if config.bigram_vocab_size:

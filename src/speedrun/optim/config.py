@@ -25,6 +25,15 @@ class OptimConfig:
     own).
     ``mlp_proj_lr_mul``: Muon's lr of the MLP output matrices (parameters named ``*.mlp.proj.weight``) is
     ``muon_lr`` times this (the record: 4, speedrun-spec.md 3.2).
+    ``mlp_fc_lr_mul``: the same for the MLP input matrices (``*.mlp.fc.weight``): their group lr is
+    ``muon_lr`` times this, and Muon's shape factor max(1, rows/cols)**0.5 still applies on top (2 for our
+    (4C, C) nn.Linear layout). Record #28 (2025-08-23 SparseAttnGate, its train_gpt.py) stores c_fc as
+    (C, 4C), shape factor 1: 0.5 reproduces its step.
+    ``adam_eps``: Adam's ε, in the units of the gradients, i.e. of the mean loss (nats/token). Record #28
+    sums its loss over the step's 393,216 tokens with ε 1e-10; 1e-10/393216 ≈ 2.54e-16 is the same ε here.
+    ``muon_attention_gates``: the attention output gates' (H, 12) weights (names containing ``.attn.gate.``,
+    kind ``scalar``) go to Muon at ``muon_lr`` instead of Adam's scalar group, as record #28's ``dampen``
+    (a 2-D weight inside its blocks, hence Muon's).
     ``shard_muon``: shard Muon's update over the ranks when torch.distributed runs with world size > 1
     (speedrun-spec.md 3.4); Muon then averages its gradients itself
     (:meth:`speedrun.optim.groups.Optimizers.self_reduced_parameters`)."""
@@ -45,6 +54,8 @@ class OptimConfig:
     langevin_seed: int = 0
     shard_muon: bool = True
     mlp_proj_lr_mul: float = 1.0
+    mlp_fc_lr_mul: float = 1.0
+    muon_attention_gates: bool = False
 
 
 @dataclass(frozen=True)

@@ -95,27 +95,48 @@ def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, li
 
 
 MLP_PROJ_SUFFIX = ".mlp.proj.weight"
+MLP_FC_SUFFIX = ".mlp.fc.weight"
+ATTENTION_GATE_MARK = ".attn.gate."
 
 
 def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: OptimConfig) -> list[dict]:
-    """Muon's parameter groups: the MLP output matrices (names ending in ``.mlp.proj.weight``) at
-    ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1 (speedrun-spec.md 3.2), every other matrix at
-    ``muon_lr``. Empty groups are left out."""
+    """Muon's parameter groups, in this order: every other matrix at ``muon_lr``; the MLP input matrices
+    (names ending in ``.mlp.fc.weight``) at ``muon_lr * mlp_fc_lr_mul`` when that factor is not 1 (record #28,
+    2025-08-23 SparseAttnGate: 0.5); the MLP output matrices (``.mlp.proj.weight``) at
+    ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1 (speedrun-spec.md 3.2). These are group lrs: Muon
+    multiplies each matrix's step by its shape factor max(1, rows/cols)**0.5 on top
+    (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left out."""
     names = {id(p): n for n, p in model.named_parameters()}
-    proj = [p for p in matrices if names[id(p)].endswith(MLP_PROJ_SUFFIX)] if config.mlp_proj_lr_mul != 1 else []
-    rest = [p for p in matrices if all(p is not q for q in proj)]
-    lr, proj_lr = config.muon_lr, config.muon_lr * config.mlp_proj_lr_mul
-    return [dict(params=ps, lr=r, initial_lr=r, kind="matrix") for ps, r in ((rest, lr), (proj, proj_lr)) if ps]
+    special = [(MLP_FC_SUFFIX, config.mlp_fc_lr_mul), (MLP_PROJ_SUFFIX, config.mlp_proj_lr_mul)]
+    chosen = [(mul, [p for p in matrices if names[id(p)].endswith(suffix)] if mul != 1 else [])
+              for suffix, mul in special]
+    taken = {id(p) for _, ps in chosen for p in ps}
+    rest = [p for p in matrices if id(p) not in taken]
+    groups = [(rest, config.muon_lr)] + [(ps, config.muon_lr * mul) for mul, ps in chosen]
+    return [dict(params=ps, lr=r, initial_lr=r, kind="matrix") for ps, r in groups if ps]
+
+
+def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig) -> dict[str, str]:
+    """``kinds`` as the optimizers take them: with ``muon_attention_gates``, every parameter whose name
+    contains ``.attn.gate.`` (the (H, 12) attention output gates, kind ``scalar`` in
+    :meth:`speedrun.model.gpt.GPT.parameter_kinds`) becomes ``matrix``, so that it trains with Muon at
+    ``muon_lr`` as record #28's ``dampen`` weight does (2025-08-23 SparseAttnGate, its train_gpt.py: every
+    2-D parameter inside its blocks goes to Muon). Otherwise unchanged (a new dict either way)."""
+    if not config.muon_attention_gates:
+        return dict(kinds)
+    return {name: "matrix" if ATTENTION_GATE_MARK in name else kind for name, kind in kinds.items()}
 
 
 def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
     """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
     ``weight_decay``) over the ``matrix`` ones.
 
-    ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``). Empty groups are left out.
-    Raises ``ValueError`` when a parameter has no kind, or lands in no optimizer or in two.
+    ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``), re-mapped by
+    :func:`optimizer_kinds` (``muon_attention_gates``). Adam's ε is ``adam_eps`` in every Adam group. Empty
+    groups are left out. Raises ``ValueError`` when a parameter has no kind, lands in no optimizer or in two,
+    or goes to Muon without being 2-D.
     """
-    by_kind = split_parameters(model, kinds)
+    by_kind = split_parameters(model, optimizer_kinds(kinds, config))
     lrs = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr,
            "matrix": config.muon_lr}
     adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
