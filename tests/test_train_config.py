@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from speedrun.errors import SpeedrunError
 from speedrun.train_config import TrainConfig, load_config_argument
@@ -130,3 +131,13 @@ def test_cuda_only_attention_backends_are_refused_on_a_cpu():
     assert TrainConfig.from_dict({"preset": "gpt124m", "device": "cuda"}).device == "cuda"
     cpu = TrainConfig.from_dict({"preset": "gpt124m", "model": {"attention_backend": "sdpa_docs"}})
     assert cpu.model_config().attention_backend == "sdpa_docs"
+
+
+@pytest.mark.parametrize("key, text, written", [("adam_eps", "1e-10", "1.0e-10"), ("muon_lr", "5e-2", "0.05")])
+def test_a_number_yaml_reads_as_text_is_named_with_the_way_to_write_it(key, text, written):
+    """PyYAML (YAML 1.1) reads 1e-10 as a string; the error says so and how to write the number."""
+    settings = yaml.safe_load(f"{key}: {text}")
+    assert settings == {key: text}
+    with pytest.raises(SpeedrunError, match=rf"train\.{key} .* YAML reads {text} as a string; write it as {written}"):
+        TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64, **settings})
+    assert yaml.safe_load(f"{key}: {written}")[key] == float(text)

@@ -138,7 +138,8 @@ class TrainConfig:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
         ok = isinstance(self.adam_eps, (int, float)) and not isinstance(self.adam_eps, bool)
         if not ok or not 0.0 < self.adam_eps < math.inf:
-            raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}")
+            raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}"
+                                f"{_number_text_hint(self.adam_eps)}")
         for name in ("compile", "cautious_weight_decay", "shard_muon", "muon_attention_gates"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
@@ -306,7 +307,22 @@ def _check_number(name: str, value: Any, low: float, high: float, open_high: boo
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
     if not ok or (open_high and value >= high):
         bracket = ")" if open_high else "]"
-        raise SpeedrunError(f"train.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
+        raise SpeedrunError(f"train.{name} must be a number in [{low}, {high}{bracket}, got {value!r}"
+                            f"{_number_text_hint(value)}")
+
+
+def _number_text_hint(value: Any) -> str:
+    """A hint for a number that arrived as text: YAML (1.1, as PyYAML and Snakemake's config read it) takes
+    ``1e-10`` without a decimal point for a string; empty for anything else."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return ""
+        mantissa, e, exponent = repr(number).partition("e")
+        written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent       # 1e-10 -> 1.0e-10
+        return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
+    return ""
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
