@@ -40,7 +40,7 @@ tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
     python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt" ;;
-race)   # cold: 229 s of compile and warm-up with 4 graphs (2026-11-30, third session), so no profile here
+race)   # cold: 157 s of compile and warm-up with 2 graphs (2026-11-30, fourth session), so no profile here
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE \
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-full.out"
