@@ -150,6 +150,13 @@ def test_without_the_switch_the_gates_stay_in_adams_scalar_group():
     assert {"blocks.0.attn.gate.weight", "blocks.1.attn.gate.weight"} <= names_of(model, scalars["params"])
 
 
+def test_the_switch_on_a_model_without_gates_raises():
+    model = tiny_gpt()
+    assert not any(".attn.gate." in name for name in model.parameter_kinds())
+    with pytest.raises(ValueError, match=r"muon_attention_gates is on but the model has no attention gate"):
+        build_optimizers(model, model.parameter_kinds(), OptimConfig(muon_attention_gates=True))
+
+
 @pytest.mark.parametrize("method", ["newton_schulz", "polar_express"])
 @pytest.mark.parametrize("shard", [True, False])
 def test_the_switch_moves_the_gates_to_muon_with_an_orthogonalized_step(method, shard):
@@ -201,8 +208,9 @@ def test_the_settings_reach_the_optim_config():
 
 
 @pytest.mark.parametrize("settings,match", [
-    ({"mlp_fc_lr_mul": -0.5}, r"train.mlp_fc_lr_mul must be a number in \[0.0, inf\], got -0.5"),
-    ({"mlp_fc_lr_mul": "0.5"}, "train.mlp_fc_lr_mul must be a number"),
+    ({"mlp_fc_lr_mul": -0.5}, r"train.mlp_fc_lr_mul must be a finite number >= 0.0, got -0.5"),
+    ({"mlp_fc_lr_mul": float("inf")}, r"train.mlp_fc_lr_mul must be a finite number >= 0.0, got inf"),
+    ({"mlp_fc_lr_mul": "0.5"}, "train.mlp_fc_lr_mul must be a finite number >= 0.0, got .0.5. \\(text, not a number"),
     ({"adam_eps": 0.0}, r"train.adam_eps must be a finite number > 0 \(Adam's ε\), got 0.0"),
     ({"adam_eps": -1e-10}, "train.adam_eps must be a finite number > 0"),
     ({"adam_eps": float("nan")}, "train.adam_eps must be a finite number > 0"),

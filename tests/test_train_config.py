@@ -112,8 +112,8 @@ def test_schedule_settings_reach_the_schedule_config():
 
 
 @pytest.mark.parametrize("settings,match", [
-    ({"lr_stage_multipliers": [1.0, -1.52]}, r"train.lr_stage_multipliers must be a number in \[0.0, inf\]"),
-    ({"lr_stage_multipliers": [1.0, "1.5"]}, "train.lr_stage_multipliers must be a number"),
+    ({"lr_stage_multipliers": [1.0, -1.52]}, r"train.lr_stage_multipliers must be a finite number >= 0.0"),
+    ({"lr_stage_multipliers": [1.0, "1.5"]}, r"train.lr_stage_multipliers must be a finite number >= 0.0, got .1.5. \(text, not a number"),
     ({"lr_stage_multipliers": 1.5}, "train.lr_stage_multipliers must be a list of numbers"),
     ({"momentum_cooldown_steps": -1}, "train.momentum_cooldown_steps must be an integer >= 0"),
     ({"momentum_cooldown_steps": 2.5}, "train.momentum_cooldown_steps must be an integer >= 0"),

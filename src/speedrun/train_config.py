@@ -46,8 +46,9 @@ class TrainConfig:
     that, speedrun-spec.md 3.2; ours are (C, 4C), shape factor 1); ``mlp_fc_lr_mul``: the same for the MLP
     input matrices, whose (4C, C) layout keeps Muon's shape factor 2 on top (record #28, 2025-08-23
     SparseAttnGate, its train_gpt.py: 0.5, since it stores c_fc as (C, 4C), shape factor 1);
-    ``adam_eps``: Adam's ε (> 0) in units of the gradient of the mean loss (nats/token); record #28 sums its
-    loss over 393,216 tokens per step with ε 1e-10, i.e. 1e-10/393216 ≈ 2.54e-16 here;
+    ``adam_eps``: Adam's ε (> 0) in units of the gradient of the mean loss (nats/token); record #28's ε 1e-10
+    on its summed loss is 1e-10·W/393216 here on W GPUs (2.54e-16 on one, :class:`speedrun.optim.config.
+    OptimConfig`);
     ``muon_attention_gates``: train the attention output gates' (H, 12) weights with Muon at ``muon_lr``
     instead of Adam at ``scalar_lr`` (record #28's ``dampen``; needs ``model.attention_gate_layers``).
     LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
@@ -304,16 +305,17 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 
 
 def _check_number(name: str, value: Any, low: float, high: float, open_high: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
-    if not ok or (open_high and value >= high):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not low <= value <= high or (open_high and value >= high):
         bracket = ")" if open_high else "]"
-        raise SpeedrunError(f"train.{name} must be a number in [{low}, {high}{bracket}, got {value!r}"
-                            f"{_number_text_hint(value)}")
+        wanted = f"a finite number >= {low}" if high == math.inf else f"a number in [{low}, {high}{bracket}"
+        raise SpeedrunError(f"train.{name} must be {wanted}, got {value!r}{_number_text_hint(value)}")
 
 
 def _number_text_hint(value: Any) -> str:
     """A hint for a number that arrived as text: YAML (1.1, as PyYAML and Snakemake's config read it) takes
-    ``1e-10`` without a decimal point for a string; empty for anything else."""
+    ``1e-10`` without a decimal point for a string, and a quoted number is text too; the hint says how to
+    write it. Empty for anything else."""
     if isinstance(value, str):
         try:
             number = float(value)
@@ -321,7 +323,9 @@ def _number_text_hint(value: Any) -> str:
             return ""
         mantissa, e, exponent = repr(number).partition("e")
         written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent       # 1e-10 -> 1.0e-10
-        return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
+        if "e" in value.lower() and "." not in value:
+            return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
+        return f" (text, not a number: write {written} without quotes)"
     return ""
 
 

@@ -79,7 +79,8 @@ class GPTConfig:
             in the current record (speedrun-spec.md 2.2), 1.0 in record #28 (``nn.Embedding``'s default N(0, 1)).
         value_lambdas: record #28's learned per-attention-layer pair (λ0, λ1), from (0.5, 0.5): the values are
             ``v = λ0·v + λ1·ve`` in a layer with a value embedding and ``v = λ0·v`` in one without
-            (parameter ``value_lambdas`` (2,) of each attention, kind ``scalar``). Off: ``v + ve``.
+            (parameter ``value_lambdas`` (2,) of each attention, kind ``scalar``: Adam at ``scalar_lr``, with
+            the training's ``adam_weight_decay`` like every scalar; record #28 has no decay). Off: ``v + ve``.
         smear: one-token look-back on the embeddings, x[t] += λ·σ(w·x[t,:12])·x[t-1] (record #34).
         tie_embed_head: the embedding reads the head's weight until the training untie step (records #8,
             #51, #53).

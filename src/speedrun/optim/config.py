@@ -28,9 +28,12 @@ class OptimConfig:
     ``mlp_fc_lr_mul``: the same for the MLP input matrices (``*.mlp.fc.weight``): their group lr is
     ``muon_lr`` times this, and Muon's shape factor max(1, rows/cols)**0.5 still applies on top (2 for our
     (4C, C) nn.Linear layout). Record #28 (2025-08-23 SparseAttnGate, its train_gpt.py) stores c_fc as
-    (C, 4C), shape factor 1: 0.5 reproduces its step.
+    (C, 4C), shape factor 1: 0.5 reproduces its step. Muon's decoupled weight decay scales with the group
+    lr too (record #28 has none).
     ``adam_eps``: Adam's ε, in the units of the gradients, i.e. of the mean loss (nats/token). Record #28
-    sums its loss over the step's 393,216 tokens with ε 1e-10; 1e-10/393216 ≈ 2.54e-16 is the same ε here.
+    has ε 1e-10 on a loss summed over each rank's micro-batches and averaged over the ranks: on W GPUs of
+    its 393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation
+    steps, as the one-H200 race; 2.03e-15 on its 8 GPUs).
     ``muon_attention_gates``: the attention output gates' (H, 12) weights (names containing ``.attn.gate.``,
     kind ``scalar``) go to Muon at ``muon_lr`` instead of Adam's scalar group, as record #28's ``dampen``
     (a 2-D weight inside its blocks, hence Muon's).

@@ -121,9 +121,13 @@ def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig) -> dict[str, 
     contains ``.attn.gate.`` (the (H, 12) attention output gates, kind ``scalar`` in
     :meth:`speedrun.model.gpt.GPT.parameter_kinds`) becomes ``matrix``, so that it trains with Muon at
     ``muon_lr`` as record #28's ``dampen`` weight does (2025-08-23 SparseAttnGate, its train_gpt.py: every
-    2-D parameter inside its blocks goes to Muon). Otherwise unchanged (a new dict either way)."""
+    2-D parameter inside its blocks goes to Muon). Otherwise unchanged (a new dict either way). Raises
+    ``ValueError`` when the switch is on and no parameter is an attention gate."""
     if not config.muon_attention_gates:
         return dict(kinds)
+    if not any(ATTENTION_GATE_MARK in name for name in kinds):
+        raise ValueError("muon_attention_gates is on but the model has no attention gate "
+                         f"(no parameter named *{ATTENTION_GATE_MARK}*)")
     return {name: "matrix" if ATTENTION_GATE_MARK in name else kind for name, kind in kinds.items()}
 
 
