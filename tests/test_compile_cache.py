@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import speedrun
 from speedrun.train import allow_training_graph_cache, compile_cache_tag
+from test_model import batch, small_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,12 +84,10 @@ def test_the_cache_tag_changes_with_any_source_edit_and_only_then(tmp_path):
     assert compile_cache_tag(package) != tag
 
 
+@pytest.mark.slow
 def test_the_tiny_models_training_graphs_are_all_cacheable(fresh_cache):
     """The real model's training forward and backward (fused cross-entropy: a custom autograd Function with
     autocast off around it) under bf16 autocast: no graph bypasses the cache."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_model import batch, small_model
-
     allow_training_graph_cache()
     model = small_model(torch.float32, cross_entropy="fused")
     inputs, targets, cu_seqlens = batch()
@@ -97,6 +96,7 @@ def test_the_tiny_models_training_graphs_are_all_cacheable(fresh_cache):
     assert seen["autograd_cache_saved"] >= 1
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_the_training_graph_from_the_cache(tmp_path):
     """Processes with one cache folder: the first stores the graph (a miss), the second loads it (a hit, no
     miss), as the second seed of a variant does with ``--compile-cache``; a third, whose sources differ (its
