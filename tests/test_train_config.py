@@ -4,11 +4,14 @@ settings derived from it (batch stages, optimizer and schedule configs), and the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
 from speedrun.errors import SpeedrunError
+from speedrun.planning import schema_error_message
 from speedrun.train_config import TrainConfig, load_config_argument
 from test_train import QUICK
 
@@ -141,3 +144,34 @@ def test_a_number_yaml_reads_as_text_is_named_with_the_way_to_write_it(key, text
     with pytest.raises(SpeedrunError, match=rf"train\.{key} .* YAML reads {text} as a string; write it as {written}"):
         TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64, **settings})
     assert yaml.safe_load(f"{key}: {written}")[key] == float(text)
+
+
+def test_a_schema_error_is_one_line_naming_the_files_the_key_and_the_way_to_write_a_number():
+    """workflow/rules/common.smk turns a config that fails the JSON schema into this line."""
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml")
+                            .read_text())
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+    cases = [({"stats": {**config["stats"], "target": "4.6e0"}},
+              "a.yaml: stats.target: '4.6e0' is not of type 'number' (text, not a number: YAML reads 4.6e0 as "
+              "a string; write it as 4.6)"),
+             ({"train": {**config["train"], "preset": "gpt2"}},
+              "a.yaml: train.preset: 'gpt2' is not one of ['tiny', 'gpt124m', 'record28']"),
+             ({"zoom": 1}, "a.yaml: (the top level): Additional properties are not allowed ('zoom' was unexpected)")]
+    for change, message in cases:
+        with pytest.raises(jsonschema.ValidationError) as caught:
+            jsonschema.validate({**config, **change}, schema)
+        assert schema_error_message("a.yaml", caught.value) == message
+        try:                                        # as snakemake.utils.validate raises it
+            try:
+                raise caught.value
+            except jsonschema.ValidationError:
+                raise RuntimeError("Error validating config file.")
+        except RuntimeError as wrapped:
+            assert schema_error_message("a.yaml", wrapped) == message
+    assert schema_error_message("a.yaml", ValueError("other")) == "a.yaml: other"
+
+
+def test_model_numbers_yaml_reads_as_text_get_the_same_hint():
+    with pytest.raises(SpeedrunError, match=r"model\.value_embed_std .* YAML reads 1e-2 as a string; write it as 0\.01"):
+        TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64,
+                               "model": yaml.safe_load("value_embed_std: 1e-2")})

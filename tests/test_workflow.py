@@ -213,7 +213,8 @@ def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config)
 
 def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_path):
     """`snakemake -n` stops, naming the variant and the config files, before anything runs: a misspelt
-    training key of one variant, a CUDA-only backend on a CPU, document paths that match no file."""
+    training key of one variant, a CUDA-only backend on a CPU, document paths that match no file, a number
+    YAML reads as text (one line from the schema check, with the way to write it)."""
     cases = {
         "typo.yaml": ("variants:\n  v: {seeds: [0], train: {muon_learning_rate: 0.04}}\nstats: {baseline: v}\n",
                       "typo.yaml: variant 'v': unknown training setting 'muon_learning_rate'"),
@@ -221,6 +222,9 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                       "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
         "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",
                        "files.yaml: data.files.paths \\['nonexistent/\\*.txt'\\] match no file"),
+        "text.yaml": ("stats: {target: 4.6e0}\n",
+                      r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
+                      r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
     }
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
@@ -229,3 +233,4 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert done.returncode != 0
         assert re.search(message, done.stdout + done.stderr), (name, (done.stdout + done.stderr)[-2000:])
+        assert "Failed validating" not in done.stdout + done.stderr          # no jsonschema dump

@@ -5,6 +5,32 @@ Every error a user can cause (a bad config value, a corrupt shard, a missing col
 ``speedrun`` command prints such errors as one line and exits with status 2 instead of a traceback.
 """
 
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
 
 class SpeedrunError(Exception):
     """An error in the user's input or data, with a message meant to be read by that user."""
+
+
+def number_text_hint(value: Any) -> str:
+    """A hint for a number that arrived as text, for error messages: YAML 1.1 (PyYAML, Snakemake's config)
+    reads ``1e-10`` (no decimal point) or ``4.6e0`` (no exponent sign) as a string, and a quoted number is
+    text too; the hint says how to write it so that YAML reads a float. Empty for anything else."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    mantissa, e, exponent = repr(number).partition("e")
+    written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent       # 1e-10 -> 1.0e-10
+    if isinstance(yaml.safe_load(value), str):
+        return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
+    return f" (text, not a number: write {written} without quotes)"

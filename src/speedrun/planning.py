@@ -17,8 +17,23 @@ import numpy as np
 
 from speedrun.data.dataset import read_manifest
 from speedrun.data.loader import steps_available
-from speedrun.errors import SpeedrunError
+from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.optim.schedules import batch_stages
+
+
+def schema_error_message(config_files: str, error: BaseException) -> str:
+    """One line for a config that fails workflow/schemas/config.schema.yaml: the config files, the dotted
+    key, jsonschema's message and, for a number YAML read as text, how to write it (e.g. ``config.yaml:
+    stats.target: '4.6e0' is not of type 'number' (text, not a number: ...)``). ``error``: the
+    ``jsonschema.ValidationError``, or snakemake's ``WorkflowError`` that carries it (snakemake.utils.
+    validate, which raises it while handling the ValidationError, so the latter is its ``__context__``); any
+    other error gives its own text after the files."""
+    chain = (error, error.__cause__, error.__context__, *getattr(error, "args", ()))
+    found = next((a for a in chain if hasattr(a, "absolute_path")), None)
+    if found is None:
+        return f"{config_files}: {error}"
+    key = ".".join(str(part) for part in found.absolute_path) or "(the top level)"
+    return f"{config_files}: {key}: {found.message}{number_text_hint(found.instance)}"
 
 
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:

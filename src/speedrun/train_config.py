@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
-from speedrun.errors import SpeedrunError
+
+from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.optim.config import ORTHOGONALIZERS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, window_blocks
@@ -140,7 +141,7 @@ class TrainConfig:
         ok = isinstance(self.adam_eps, (int, float)) and not isinstance(self.adam_eps, bool)
         if not ok or not 0.0 < self.adam_eps < math.inf:
             raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}"
-                                f"{_number_text_hint(self.adam_eps)}")
+                                f"{number_text_hint(self.adam_eps)}")
         for name in ("compile", "cautious_weight_decay", "shard_muon", "muon_attention_gates"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
@@ -309,24 +310,7 @@ def _check_number(name: str, value: Any, low: float, high: float, open_high: boo
     if not ok or not low <= value <= high or (open_high and value >= high):
         bracket = ")" if open_high else "]"
         wanted = f"a finite number >= {low}" if high == math.inf else f"a number in [{low}, {high}{bracket}"
-        raise SpeedrunError(f"train.{name} must be {wanted}, got {value!r}{_number_text_hint(value)}")
-
-
-def _number_text_hint(value: Any) -> str:
-    """A hint for a number that arrived as text: YAML (1.1, as PyYAML and Snakemake's config read it) takes
-    ``1e-10`` without a decimal point for a string, and a quoted number is text too; the hint says how to
-    write it. Empty for anything else."""
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return ""
-        mantissa, e, exponent = repr(number).partition("e")
-        written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent       # 1e-10 -> 1.0e-10
-        if "e" in value.lower() and "." not in value:
-            return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
-        return f" (text, not a number: write {written} without quotes)"
-    return ""
+        raise SpeedrunError(f"train.{name} must be {wanted}, got {value!r}{number_text_hint(value)}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -4,15 +4,14 @@ import os
 import shlex
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError
-from speedrun.planning import check_training_data
+from speedrun.planning import check_training_data, schema_error_message
 from speedrun.sources import module_files
 from speedrun.train_config import TrainConfig
 
-
-validate(config, schema="../schemas/config.schema.yaml")
 
 # The stages' commands (speedrun, torchrun) are installed beside the Python that runs Snakemake (.venv/bin):
 # jobs find them there when that environment is not activated (appended: a PATH entry the user put first wins).
@@ -25,6 +24,12 @@ def _shown_path(path):
 
 
 CONFIG_FILES = " + ".join(_shown_path(f) for f in workflow.configfiles) or "config.yaml"
+
+try:                               # one line naming the files and the key, not jsonschema's dump of the schema
+    validate(config, schema="../schemas/config.schema.yaml")
+except WorkflowError as error:
+    raise ValueError(schema_error_message(CONFIG_FILES, error)) from None
+
 DATASET = config["data"]["name"]
 VARIANTS = list(config["variants"])
 BASELINE = config["stats"]["baseline"]

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, get_args
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
@@ -177,10 +177,12 @@ class GPTConfig:
         if self.head_dim % 2:
             raise SpeedrunError(f"model.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
         if not isinstance(self.rope_base, (int, float)) or self.rope_base <= 1:
-            raise SpeedrunError(f"model.rope_base must be a number > 1, got {self.rope_base!r}")
+            raise SpeedrunError(f"model.rope_base must be a number > 1, got {self.rope_base!r}"
+                                f"{number_text_hint(self.rope_base)}")
         if self.logit_softcap is not None and (
                 not isinstance(self.logit_softcap, (int, float)) or self.logit_softcap <= 0):
-            raise SpeedrunError(f"model.logit_softcap must be null or a number > 0, got {self.logit_softcap!r}")
+            raise SpeedrunError(f"model.logit_softcap must be null or a number > 0, got {self.logit_softcap!r}"
+                                f"{number_text_hint(self.logit_softcap)}")
         _check_mode("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_mode("cross_entropy", self.cross_entropy, CROSS_ENTROPY_IMPLS)
         _check_mode("rope", self.rope, ROPE_MODES)
@@ -228,7 +230,8 @@ class GPTConfig:
                                 f" (the number of value_embed_layers), got {tables!r}")
         std = self.value_embed_std
         if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0 < std < float("inf"):
-            raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}")
+            raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}"
+                                f"{number_text_hint(std)}")
         if self.smear and self.model_dim < GATE_CHANNELS:
             raise SpeedrunError(f"model.smear reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
         if not _is_int(self.bigram_vocab_size) or self.bigram_vocab_size < 0 or self.bigram_vocab_size == 1:
@@ -265,7 +268,7 @@ class GPTConfig:
         if self.attention_scale is not None and (
                 not isinstance(self.attention_scale, (int, float)) or self.attention_scale <= 0):
             raise SpeedrunError(f"model.attention_scale must be null or a number > 0, got "
-                                f"{self.attention_scale!r}")
+                                f"{self.attention_scale!r}{number_text_hint(self.attention_scale)}")
         if not isinstance(self.window_pattern, str):
             raise SpeedrunError(f"model.window_pattern must be a string, got {self.window_pattern!r}")
         try:
