@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
-
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.optim.config import ORTHOGONALIZERS, OptimConfig, ScheduleConfig
