@@ -6,6 +6,8 @@
 #   bash benchmarks/h200_session.sh restart    # full set, cold start then second start, 2 steps each (compile reuse)
 #   bash benchmarks/h200_session.sh race28     # the race with record #28's switch set and its code's settings
 #   bash benchmarks/h200_session.sh sched28    # the full set without the bigram table, on the schedule of race28
+#   bash benchmarks/h200_session.sh sweep      # one race config (SWEEP_CONFIG) under several settings (VARIANTS),
+#                                              # the first cold, the rest from its compile cache
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
 #   bash benchmarks/h200_session.sh record28   # record #28's architecture, 60 steps through its window schedule: the
 #                                              # issue 4 floor (572K tokens/s) over every window stage
@@ -16,7 +18,11 @@
 # Figures go to $OUT (figures.jsonl, logs, profile tables); the runs print to files there as they go, so a
 # call stopped at its time limit still returns what ran. Environment: TESTS (test files of `tests`, default
 # all GPU ones), CONFIGS (configs of `profile`/`quick`, default "record28 race"), SET (extra `--set key=json`
-# arguments of every benchmark run, e.g. SET='--set model={"rotary_kernel":"torch"}').
+# arguments of every benchmark run, e.g. SET='--set model={"rotary_kernel":"torch"}'); for `sweep`,
+# SWEEP_CONFIG (a file under benchmarks/configs without .yaml, default h200-race-sched28) and VARIANTS, one
+# `name: --set key=json ...` per line (the settings must keep the model's graphs, e.g. learning rates and
+# schedules, or each variant compiles cold). CACHE_TGZ: a compile cache packed by an earlier call (carried),
+# unpacked before the runs; `sweep` packs its cache into $OUT/compile-cache.tgz when it is under 15 MiB.
 set -euo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/h200}
@@ -35,7 +41,9 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
-case "${1:?part: tests, race, restart, race28, sched28, long, record28, ablations, masks, profile or quick}" in
+if [ -n "${CACHE_TGZ:-}" ] && [ -f "$CACHE_TGZ" ] && [ ! -d $CACHE ]; then tar -C /tmp -xzf "$CACHE_TGZ"; fi
+
+case "${1:?part: tests, race, restart, race28, sched28, sweep, long, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
@@ -60,6 +68,20 @@ sched28)   # the full set (no bigram table: the race repeats debian-docs) on rec
     prepare_data
     $BENCH --config benchmarks/configs/h200-race-sched28.yaml --name race-sched28 --compile-cache $CACHE \
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-sched28.out" ;;
+sweep)
+    prepare_data
+    set -f   # the settings' JSON lists are not globs
+    while IFS= read -r line; do
+        [ -z "${line// }" ] && continue
+        name=${line%%:*}; settings=${line#*:}
+        # shellcheck disable=SC2086
+        $BENCH --config benchmarks/configs/${SWEEP_CONFIG:-h200-race-sched28}.yaml --name "$name" \
+            --compile-cache $CACHE $settings 2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/$name.out" \
+            || echo "variant $name failed"
+    done <<< "${VARIANTS:?VARIANTS: one 'name: --set key=json ...' per line}"
+    tar -C /tmp -czf /tmp/compile-cache.tgz compile-cache
+    size=$(stat -c %s /tmp/compile-cache.tgz); echo "compile cache packed: $size bytes"
+    [ "$size" -lt 15728640 ] && cp /tmp/compile-cache.tgz "$OUT/" ;;
 long)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name long --steps 300 --set tokens_per_step=49152 \
