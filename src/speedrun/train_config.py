@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import GPTConfig, build_model_config
-from speedrun.optim.config import ORTHOGONALIZERS, OptimConfig, ScheduleConfig
+from speedrun.optim.config import ADAM_KINDS, ORTHOGONALIZERS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
@@ -49,6 +49,13 @@ class TrainConfig:
     ``adam_eps``: Adam's ε (> 0) in units of the gradient of the mean loss (nats/token); record #28's ε 1e-10
     on its summed loss is 1e-10·W/393216 here on W GPUs (2.54e-16 on one, :class:`speedrun.optim.config.
     OptimConfig`);
+    ``adam_kind_betas``: Adam kind (``embed``, ``head``, ``scalar``) -> a ``[beta1, beta2]`` pair (each in
+    [0, 1)) for that kind's Adam group, overriding ``adam_betas``; empty: ``adam_betas`` for all. The current
+    record's per-parameter table (speedrun-spec.md 3.3) is ``{head: [0.5, 0.95], embed: [0.75, 0.95],
+    scalar: [0.9, 0.99]}``: lm_head and the token embedding (0.5, 0.95), the value and bigram tables
+    (0.75, 0.95), the scalars and gates (0.9, 0.99). Our token embedding is of kind ``head`` while tied and
+    after ``untie_step``; only a model untied from the start trains it as ``embed``, with the tables' betas,
+    not the record's (0.5, 0.95) (:meth:`speedrun.model.gpt.GPT.parameter_kinds`);
     ``muon_attention_gates``: train the attention output gates' (H, 12) weights with Muon at ``muon_lr``
     instead of Adam at ``scalar_lr`` (record #28's ``dampen``; needs ``model.attention_gate_layers``).
     LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
@@ -93,6 +100,7 @@ class TrainConfig:
     scalar_lr: float = 0.04
     adam_betas: tuple[float, float] = (0.8, 0.95)
     adam_eps: float = 1e-10
+    adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     muon_lr: float = 0.05
     muon_momentum: float = 0.95
     momentum_warmup_steps: int = 300
@@ -137,6 +145,7 @@ class TrainConfig:
             raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
         for beta in self.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
+        self._check_adam_kind_betas()
         ok = isinstance(self.adam_eps, (int, float)) and not isinstance(self.adam_eps, bool)
         if not ok or not 0.0 < self.adam_eps < math.inf:
             raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}"
@@ -170,6 +179,20 @@ class TrainConfig:
             raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (torch has no CPU "
                                 f"backward for it), and train.device is 'cpu': set train.device: cuda, or "
                                 f"train.model: {{attention_backend: sdpa_docs}} on a CPU")
+
+    def _check_adam_kind_betas(self) -> None:
+        betas = self.adam_kind_betas
+        if not isinstance(betas, Mapping):
+            raise SpeedrunError(f"train.adam_kind_betas must be a mapping from Adam kind "
+                                f"({', '.join(ADAM_KINDS)}) to a pair [beta1, beta2], got {betas!r}")
+        for kind, pair in betas.items():
+            if kind not in ADAM_KINDS:
+                raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
+                                    f"{', '.join(ADAM_KINDS)}")
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], got {pair!r}")
+            for beta in pair:
+                _check_number(f"adam_kind_betas.{kind}", beta, 0.0, 1.0, open_high=True)
 
     def _check_schedules(self) -> None:
         schedule = self.window_schedule
@@ -228,6 +251,9 @@ class TrainConfig:
         for key in ("adam_betas", "lr_stage_multipliers"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
+        if isinstance(values.get("adam_kind_betas"), Mapping):
+            values["adam_kind_betas"] = {kind: tuple(pair) if isinstance(pair, list) else pair
+                                         for kind, pair in values["adam_kind_betas"].items()}
         for key in ("window_schedule", "batch_schedule"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])

@@ -4,11 +4,12 @@ planning time): :class:`OptimConfig`, :class:`ScheduleConfig` and the orthogonal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, get_args
 
 Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
+ADAM_KINDS: tuple[str, ...] = ("embed", "head", "scalar")      # the parameter kinds that train with Adam
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class OptimConfig:
     has ε 1e-10 on a loss summed over each rank's micro-batches and averaged over the ranks: on W GPUs of
     its 393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation
     steps, as the one-H200 race; 2.03e-15 on its 8 GPUs).
+    ``adam_kind_betas``: Adam kind (``embed``, ``head``, ``scalar``: :data:`ADAM_KINDS`) -> its group's
+    (β1, β2), in place of ``adam_betas`` for that kind; empty: ``adam_betas`` everywhere. The current record
+    (speedrun-spec.md 3.3, its per-parameter table) maps to ``{head: (0.5, 0.95), embed: (0.75, 0.95),
+    scalar: (0.9, 0.99)}``: its lm_head and token embedding have (0.5, 0.95) (ours, while tied and after the
+    untie step, is of kind ``head``; untied from the start it is of kind ``embed`` and gets the value and
+    bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9, 0.95), ours share the scalar group.
     ``muon_attention_gates``: the attention output gates' (H, 12) weights (names containing ``.attn.gate.``,
     kind ``scalar``) go to Muon at ``muon_lr`` instead of Adam's scalar group, as record #28's ``dampen``
     (a 2-D weight inside its blocks, hence Muon's).
@@ -46,6 +53,7 @@ class OptimConfig:
     scalar_lr: float = 0.04
     adam_betas: tuple[float, float] = (0.8, 0.95)
     adam_eps: float = 1e-10
+    adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     muon_lr: float = 0.05
     muon_momentum: float = 0.95
     weight_decay: float = 0.0

@@ -17,10 +17,9 @@ from torch import nn
 from speedrun.optim.adam import build_adamw
 from speedrun.optim.langevin import langevin_sigma
 from speedrun.optim.muon import Muon
-from speedrun.optim.config import OptimConfig, ScheduleConfig
+from speedrun.optim.config import ADAM_KINDS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import lr_factor, muon_momentum
 
-ADAM_KINDS = ("embed", "head", "scalar")
 MUON_KINDS = ("matrix",)
 
 
@@ -136,14 +135,16 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     ``weight_decay``) over the ``matrix`` ones.
 
     ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``), re-mapped by
-    :func:`optimizer_kinds` (``muon_attention_gates``). Adam's ε is ``adam_eps`` in every Adam group. Empty
-    groups are left out. Raises ``ValueError`` when a parameter has no kind, lands in no optimizer or in two,
-    or goes to Muon without being 2-D.
+    :func:`optimizer_kinds` (``muon_attention_gates``). Adam's ε is ``adam_eps`` in every Adam group; each
+    Adam group's ``betas`` are ``adam_kind_betas[kind]`` where given, else ``adam_betas`` (the record's
+    per-kind betas, speedrun-spec.md 3.3). Empty groups are left out. Raises ``ValueError`` when a
+    parameter has no kind, lands in no optimizer or in two, or goes to Muon without being 2-D.
     """
     by_kind = split_parameters(model, optimizer_kinds(kinds, config))
     lrs = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr,
            "matrix": config.muon_lr}
-    adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k)
+    adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k,
+                        betas=tuple(config.adam_kind_betas.get(k, config.adam_betas)))
                    for k in ADAM_KINDS if by_kind[k]]
     muon_groups = muon_param_groups(model, by_kind["matrix"], config)
     device = next(model.parameters()).device
