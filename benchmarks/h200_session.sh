@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_session.sh restart    # full set, cold start then second start, 2 steps each (compile reuse)
 #   bash benchmarks/h200_session.sh race28     # the race with record #28's switch set and its code's settings
 #   bash benchmarks/h200_session.sh sched28    # the full set without the bigram table, on the schedule of race28
+#   bash benchmarks/h200_session.sh full       # the full set with the settings that did best in the race
 #   bash benchmarks/h200_session.sh sweep      # one race config (SWEEP_CONFIG) under several settings (VARIANTS),
 #                                              # the first cold, the rest from its compile cache
 #   bash benchmarks/h200_session.sh long       # full set, 300 steps of 49,152 tokens, val every 50 (issue 4)
@@ -43,7 +44,7 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
 
 if [ -n "${CACHE_TGZ:-}" ] && [ -f "$CACHE_TGZ" ] && [ ! -d $CACHE ]; then tar -C /tmp -xzf "$CACHE_TGZ"; fi
 
-case "${1:?part: tests, race, restart, race28, sched28, sweep, long, record28, ablations, masks, profile or quick}" in
+case "${1:?part: tests, race, restart, race28, sched28, full, sweep, long, record28, ablations, masks, profile or quick}" in
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
@@ -68,6 +69,10 @@ sched28)   # the full set (no bigram table: the race repeats debian-docs) on rec
     prepare_data
     $BENCH --config benchmarks/configs/h200-race-sched28.yaml --name race-sched28 --compile-cache $CACHE \
         2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-sched28.out" ;;
+full)   # h200-race-full.yaml: the full set, settings chosen by the fifth session's sweep
+    prepare_data
+    $BENCH --config benchmarks/configs/h200-race-full.yaml --name race-full-tuned --compile-cache $CACHE \
+        2>&1 | grep --line-buffered -v "train_loss" | tee "$OUT/race-full-tuned.out" ;;
 sweep)
     prepare_data
     set -f   # the settings' JSON lists are not globs
