@@ -421,3 +421,11 @@ def test_statistics_md_snippet_prints_the_test_line(directory, cells, capsys):
     printed = capsys.readouterr().out.strip()
     assert printed == re.search(r"^    (n=\d+ val_loss=.*)$", md, re.M)[1]
     assert close_to_printed(float(re.search(r"p\(mean<3\.28\)=(\S+)", printed)[1]), cells[4])
+
+
+@pytest.mark.parametrize("target", ["-1", "0", "inf", "nan"])
+def test_stats_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
+    make_runs(tmp_path / "g", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    assert cli.main(["stats", str(tmp_path / "g"), "--target", target]) == 2
+    err = capsys.readouterr().err
+    assert f"--target {float(target)}: expected a val_loss above 0" in err

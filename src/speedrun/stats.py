@@ -177,6 +177,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    if not 0 < args.target < math.inf:
+        raise SpeedrunError(f"--target {args.target}: expected a val_loss above 0 (cross-entropy in nats per "
+                            f"token, e.g. {DEFAULT_TARGET})")
     results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool")
     objects = [s.to_json() for s in results]
     if args.json_out:
