@@ -76,11 +76,15 @@ def compile_cache_counters() -> dict[str, int]:
 
 
 def load_settings(path: Path, overrides: list[str], steps: int | None) -> dict:
-    """The ``train`` mapping of the config file, with ``key=json`` overrides and ``--steps``."""
+    """The ``train`` mapping of the config file, with ``key=json`` overrides and ``--steps``. ``model=json``
+    replaces the config's model overrides; ``model.<field>=json`` sets one of them and keeps the others."""
     settings = dict(yaml.safe_load(path.read_text())["train"])
     for item in overrides:
         key, _, value = item.partition("=")
-        settings[key] = json.loads(value)
+        if key.startswith("model."):
+            settings["model"] = {**settings.get("model", {}), key.removeprefix("model."): json.loads(value)}
+        else:
+            settings[key] = json.loads(value)
     if steps is not None:
         settings["steps"] = steps
     return settings
@@ -217,7 +221,8 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="run name (log file stem)")
     parser.add_argument("--steps", type=int, default=None, help="override train.steps")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=JSON",
-                        help="override one train setting, e.g. --set 'model={\"attention_backend\": \"varlen\"}'")
+                        help="override one train setting, e.g. --set 'model={\"attention_backend\": \"varlen\"}' (replaces "
+                             "the config's model settings) or --set model.fp8_mlp=false (one of them)")
     parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")

@@ -3,6 +3,7 @@ value there would otherwise surface only on the GPU machine, after the data prep
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,21 @@ def test_race_configs_share_the_race():
     for path in races:
         config = TrainConfig.from_dict(yaml.safe_load(path.read_text())["train"])
         assert (config.steps, config.tokens_per_step, config.val_tokens, config.val_every) == (120, 393216, 983040, 20), path
+
+
+def load_gpu_speedrun():
+    path = CONFIGS[0].parents[1] / "gpu_speedrun.py"
+    spec = importlib.util.spec_from_file_location("gpu_speedrun", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_overrides_replace_or_merge_the_model_settings():
+    load_settings = load_gpu_speedrun().load_settings
+    path = CONFIGS[0].parent / "h200-race-full.yaml"
+    merged = load_settings(path, ["model.value_embed_std=1.0", "muon_lr=0.04"], 60)
+    assert merged["model"] == {"bigram_vocab_size": 0, "tie_embed_head": False, "value_embed_std": 1.0}
+    assert (merged["muon_lr"], merged["steps"]) == (0.04, 60)
+    replaced = load_settings(path, ['model={"fp8_mlp": false}'], None)
+    assert replaced["model"] == {"fp8_mlp": False} and replaced["steps"] == 120
