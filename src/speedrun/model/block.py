@@ -1,12 +1,12 @@
 """The blocks of the speedrun GPT: document-causal self-attention (RoPE, QK-norm, optional sliding window,
-value embedding, output gate, paired heads, FP8 projections) and the pre-norm transformer block (optional
-x0 injection and bigram injection; optionally without attention).
+value embedding and its gate, output gate, paired heads, FP8 projections) and the pre-norm transformer block
+(optional x0 injection and bigram injection; optionally without attention).
 
 Sources (speedrun-spec.md 2.2, 2.3, 2.6): QK-norm and zero-init projections record #5; x0 shortcut with
-per-layer lambdas record #9; value embeddings records #14-#17; sliding windows records #13, #20; a layer
-without attention record #17 (layer 7 of 12 in record #28); the sparse attention gate record #28;
-paired-head attention record #58; bigram injection records #62, #83; FP8 QKV/O projections the 2026-06-11
-record.
+per-layer lambdas record #9; value embeddings records #14-#17, their gates records #55, #70; sliding
+windows records #13, #20; a layer without attention record #17 (layer 7 of 12 in record #28); the sparse
+attention gate record #28; paired-head attention record #58; bigram injection records #62, #83; FP8 QKV/O
+projections the 2026-06-11 record.
 
 Shape legend: T tokens, C model_dim, H n_head, Dh head_dim, R rotated pairs of RoPE.
 """
@@ -24,7 +24,7 @@ from speedrun.kernels import optional_kernel
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
 from speedrun.model.fp8 import FP8Linear, FP8WeightCache, fp8_linear
-from speedrun.model.gates import AttentionGate
+from speedrun.model.gates import AttentionGate, ValueEmbedGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
@@ -61,9 +61,12 @@ class CausalSelfAttention(nn.Module):
     the training forward with ``config.fp8_attention``. In ``config.paired_head_layers`` the heads attend in
     pairs (:func:`speedrun.model.paired.paired_attention`); in ``config.attention_gate_layers`` each head's
     output is multiplied by its gate (:class:`speedrun.model.gates.AttentionGate`, parameter ``gate``)
-    before Wo. A value embedding ve is added to v (records #14-#17); with ``config.value_lambdas`` (record
-    #28's "SA lambdas") the parameter ``value_lambdas`` (2,) (λ0, λ1), from (0.5, 0.5), weights them:
-    ``v = λ0·v + λ1·ve``, or ``v = λ0·v`` when the layer has no value embedding (:meth:`mix_values`).
+    before Wo. A value embedding ve is added to v (records #14-#17); with ``config.value_embed_gates`` a
+    layer of ``config.value_embed_layers`` first scales it per head by its gate in (0, 2) read from x and ve
+    (:class:`speedrun.model.gates.ValueEmbedGate`, parameter ``ve_gate``; records #55, #70); with
+    ``config.value_lambdas`` (record #28's "SA lambdas") the parameter ``value_lambdas`` (2,) (λ0, λ1), from
+    (0.5, 0.5), weights them: ``v = λ0·v + λ1·ve``, or ``v = λ0·v`` when the layer has no value embedding
+    (:meth:`mix_values`).
     Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels apply). With
     ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic scale for the
     three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`, used only while
@@ -86,6 +89,8 @@ class CausalSelfAttention(nn.Module):
         init_output_(self.o.weight)
         self.gate = AttentionGate(config.n_head) if layer in config.attention_gate_layers else None
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if config.value_lambdas else None
+        self.ve_gate = (ValueEmbedGate(config.n_head)
+                        if config.value_embed_gates and layer in config.value_embed_layers else None)
         self.rotary_kernel = config.rotary_kernel
         self._qk_norm_rotary = (optional_kernel("qk_norm_rotary", "qk_norm_rotary")
                                 if config.rotary_kernel == "triton" else None)
@@ -94,9 +99,9 @@ class CausalSelfAttention(nn.Module):
                 value_embed: torch.Tensor | None = None) -> torch.Tensor:
         """x: (T, C); context: the shared tables of this forward pass; window in tokens (in positions of the
         doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) mixed into v
-        (:meth:`mix_values`). Returns (T, C)."""
+        (:meth:`mix_values`, gated with ``ve_gate``). Returns (T, C)."""
         q, k, v = self._qkv(x).view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)  # (T, H, Dh) each
-        v = self.mix_values(v, value_embed)
+        v = self.mix_values(v, value_embed, x)
         if self.paired:
             q, k = rms_norm(q), rms_norm(k)
             y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
@@ -108,13 +113,22 @@ class CausalSelfAttention(nn.Module):
             y = y * self.gate(x).type_as(y)
         return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
 
-    def mix_values(self, v: torch.Tensor, value_embed: torch.Tensor | None) -> torch.Tensor:
+    def mix_values(self, v: torch.Tensor, value_embed: torch.Tensor | None,
+                   x: torch.Tensor | None = None) -> torch.Tensor:
         """The values attention reads, (T, H, Dh) in v's dtype: ``v + ve`` (records #14-#17; ``v`` when
         ``value_embed`` is None) or, with ``value_lambdas``, ``λ0·v + λ1·ve`` (``λ0·v`` when it is None) as in
         record #28 (its L625-627; q and k are normalized and rotated separately, v is not). value_embed:
-        None or (T, H*Dh), cast to v's dtype. The λ enter as 0-d fp32 tensors, which do not promote a bf16 v
-        (the record's arithmetic); the branches depend on None-ness only, not on tensor values."""
+        None or (T, H*Dh), cast to v's dtype. With a ``ve_gate`` (``config.value_embed_gates``), ve is first
+        replaced by ``gate·ve``, gate = ``ve_gate(x, value_embed)`` (T, H, 1) in (0, 2) (records #55, #70;
+        speedrun-spec.md 2.2 item 8, 2.3: ``v += VE·gate``): ``v + gate·ve`` or ``λ0·v + λ1·gate·ve``. x: the
+        attention input (T, C), needed only then (``ValueError`` when it is None). The λ enter as 0-d fp32
+        tensors, which do not promote a bf16 v (the record's arithmetic); the branches depend on None-ness
+        only, not on tensor values."""
         ve = None if value_embed is None else value_embed.view(v.shape).type_as(v)     # (T, H, Dh)
+        if ve is not None and self.ve_gate is not None:
+            if x is None:
+                raise ValueError("mix_values of a layer with a value-embedding gate needs the attention input x")
+            ve = self.ve_gate(x, value_embed).type_as(v) * ve                            # (T, H, 1) * (T, H, Dh)
         lambdas = self.value_lambdas
         if lambdas is None:
             return v if ve is None else v + ve

@@ -6,9 +6,9 @@ optional logit softcap. Each later technique is a switch whose default is off (t
 whose ``gpt124m`` value is the record's: sliding windows in 128-token blocks, long or short per layer
 (records #13, #20), half-truncated RoPE (#17), attention scale 0.1 with YaRN on window growth (#31), the
 shifted-sigmoid softcap (#54), the bigram hash embedding with the sign trick (#62, #83), the gated 3->6 skip
-(#45, #55), the attention output gate (#28), paired-head attention (#58), FP8 head (#19) and QKV/O
-projections (2026-06-11). The ``record28`` preset is the 2025-08-23 SparseAttnGate record. Modes are
-``Literal`` types.
+(#45, #55), the value-embedding gates (#55, #70), the attention output gate (#28), paired-head attention
+(#58), FP8 head (#19) and QKV/O projections (2026-06-11). The ``record28`` preset is the 2025-08-23
+SparseAttnGate record. Modes are ``Literal`` types.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ ROTARY_KERNELS: tuple[str, ...] = get_args(RotaryKernel)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
 GATE_CHANNELS = 12
+VE_GATE_CHANNELS = 6
 GPT2_VOCAB = 50257
 
 
@@ -81,6 +82,11 @@ class GPTConfig:
             ``v = λ0·v + λ1·ve`` in a layer with a value embedding and ``v = λ0·v`` in one without
             (parameter ``value_lambdas`` (2,) of each attention, kind ``scalar``: Adam at ``scalar_lr``, with
             the training's ``adam_weight_decay`` like every scalar; record #28 has no decay). Off: ``v + ve``.
+        value_embed_gates: each layer of ``value_embed_layers`` scales its value embedding per head by
+            ``2·sigmoid(W_g · [x[:6], ve[:6]])`` (x the attention input) before mixing it into v, W_g (n_head, 12)
+            from zero, so the gate starts at 1 (record #55, "VE gates"; tuned in #70; speedrun-spec.md 2.2
+            item 8; parameter ``ve_gate`` of each such attention, kind ``scalar``). Needs value_embed_layers,
+            model_dim >= 6 and n_head*head_dim >= 6.
         smear: one-token look-back on the embeddings, x[t] += λ·σ(w·x[t,:12])·x[t-1] (record #34).
         tie_embed_head: the embedding reads the head's weight until the training untie step (records #8,
             #51, #53).
@@ -148,6 +154,7 @@ class GPTConfig:
     value_embed_tables: int = 0
     value_embed_std: float = 0.01
     value_lambdas: bool = False
+    value_embed_gates: bool = False
     smear: bool = False
     tie_embed_head: bool = False
     bigram_vocab_size: int = 0
@@ -191,7 +198,7 @@ class GPTConfig:
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
-                     "fp8_mlp", "value_lambdas"):
+                     "fp8_mlp", "value_lambdas", "value_embed_gates"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         if self.fp8_mlp and self.mlp_kernel != "torch":
@@ -232,6 +239,12 @@ class GPTConfig:
         if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0 < std < float("inf"):
             raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}"
                                 f"{number_text_hint(std)}")
+        if self.value_embed_gates and not self.value_embed_layers:
+            raise SpeedrunError("model.value_embed_gates gate the value embeddings: it needs non-empty "
+                                "model.value_embed_layers")
+        if self.value_embed_gates and min(self.model_dim, self.attn_dim) < VE_GATE_CHANNELS:
+            raise SpeedrunError(f"model.value_embed_gates read {VE_GATE_CHANNELS} channels of x and of the value "
+                                f"embedding; model_dim is {self.model_dim}, n_head*head_dim {self.attn_dim}")
         if self.smear and self.model_dim < GATE_CHANNELS:
             raise SpeedrunError(f"model.smear reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
         if not _is_int(self.bigram_vocab_size) or self.bigram_vocab_size < 0 or self.bigram_vocab_size == 1:
@@ -312,20 +325,21 @@ PRESETS: dict[str, GPTConfig] = {
     # windows on layer 3 and the last (HEAD 3 and 10),
     # short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17); attention scale
     # 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9); value embeddings on layers 1, 2 and the
-    # last three (HEAD 1, 2, 8, 9, 10); smear (#34); tied embedding and head (#51, untied by the training
-    # untie_step, #53); bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated
-    # skip 3 -> 6 (#45, #55); the attention output gate on every layer (#28; the pre-MUDD records gate all
-    # attention layers, HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 10 (HEAD
-    # 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and QKV/O (2026-06-11). FlexAttention (the CPU tests
-    # override it).
+    # last three (HEAD 1, 2, 8, 9, 10), each gated per head by 2·σ(W_g·[x[:6], ve[:6]]) (#55, #70; HEAD's
+    # layer 10 takes its VE gate from MUDD instead, which this model does not have); smear (#34); tied
+    # embedding and head (#51, untied by the training untie_step, #53); bigram hash embedding of 50304·15//2
+    # rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55); the attention output gate on
+    # every layer (#28; the pre-MUDD records gate all attention layers, HEAD's MUDD-generated gates only 3
+    # and 10); paired heads on layers 0, 2, 5, 10 (HEAD 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and
+    # QKV/O (2026-06-11). FlexAttention (the CPU tests override it).
     # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
     # docs/benchmarks.md); a CPU takes the PyTorch path.
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                          rope="half_truncated", attention_scale=0.1, yarn=True,
                          window_pattern="SSSLSSSSSSSL", window_short_blocks=1, window_long_blocks=3,
                          logit_softcap=23.0, softcap_kind="shifted_sigmoid", x0_lambdas=True,
-                         value_embed_layers=(1, 2, 9, 10, 11), smear=True, tie_embed_head=True,
-                         bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
+                         value_embed_layers=(1, 2, 9, 10, 11), value_embed_gates=True, smear=True,
+                         tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
                          attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
                          fp8_attention=True, fp8_head=True, fp8_mlp=True, attention_backend="flex",

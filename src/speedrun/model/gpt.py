@@ -357,11 +357,11 @@ class GPT(nn.Module):
     def parameter_kinds(self) -> dict[str, ParamKind]:
         """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the
         2-D projection weights inside blocks, for Muon) or ``scalar`` (everything else: lower-dimensional
-        parameters inside blocks, the attention gates' (H, 12) weights, smear, the bigram gates and the skip
-        weights). With ``config.tie_embed_head`` the token embedding is of kind ``head``: it starts as the
-        head's copy and, once untied, trains with the head's Adam settings, as in the record (speedrun-spec.md
-        3.3: embed and lm_head share lr 0.008 and betas; value and bigram tables 75x that lr). Raises
-        ``ValueError`` for a parameter it does not know."""
+        parameters inside blocks, the attention gates' and value-embedding gates' (H, 12) weights, smear, the
+        bigram gates and the skip weights). With ``config.tie_embed_head`` the token embedding is of kind
+        ``head``: it starts as the head's copy and, once untied, trains with the head's Adam settings, as in the
+        record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas; value and bigram tables 75x
+        that lr). Raises ``ValueError`` for a parameter it does not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
             if name == "embed.weight" and self.config.tie_embed_head:
@@ -373,8 +373,8 @@ class GPT(nn.Module):
             elif name.startswith("lm_head."):
                 kinds[name] = "head"
             elif name.startswith("blocks."):
-                matrix = param.ndim == 2 and ".attn.gate." not in name
-                kinds[name] = "matrix" if matrix else "scalar"
+                gate = ".attn.gate." in name or ".attn.ve_gate." in name                # (H, 12): Adam
+                kinds[name] = "matrix" if param.ndim == 2 and not gate else "scalar"
             else:
                 raise ValueError(f"parameter {name!r} has no optimizer kind")
         return kinds
