@@ -342,14 +342,15 @@ def test_shifted_sigmoid_softcap_against_float64_reference(chunk):
 
 
 def _record_model(backend="reference"):
-    """The gpt124m switches on 3 layers (FP8 off: float64 on a CPU)."""
+    """The gpt124m switches on 3 layers (FP8 off: float64 on a CPU; the key offset on layer 1, backout of
+    layer 1's output)."""
     cfg = build_model_config("gpt124m", {"vocab_size": 320, "n_layer": 3, "model_dim": 32, "n_head": 2,
                                          "head_dim": 16, "window_pattern": "SLS", "window_block_size": 4,
                                          "value_embed_layers": [0, 2], "attention_backend": backend,
                                          "loss_chunk_tokens": 16, "bigram_vocab_size": 97, "skip_from": 0,
                                          "skip_to": 2, "attention_gate_layers": [0, 1, 2],
                                          "paired_head_layers": [0, 2], "fp8_attention": False,
-                                         "fp8_head": False})
+                                         "fp8_head": False, "backout_layer": 1})
     torch.manual_seed(0)
     model = GPT(cfg).double()
     with torch.no_grad():                       # move the switches off their identity initialization

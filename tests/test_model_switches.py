@@ -331,8 +331,8 @@ def test_preset_parameter_counts_by_hand():
     # lambdas; 6 U-net weights
     assert count(record28) == 2 * v * c + 3 * v * c + 11 * (attention + 72 + 2) + 12 * mlp + 24 + 6
     # embed + head + 5 value tables + bigram table and gates; 12 gated attentions and MLPs; 5 (6, 12)
-    # value-embedding gates; smear; skip
-    assert count(wide) == 7 * v * c + 377280 * c + 12 + 12 * (attention + 72 + mlp + 2) + 5 * 72 + 13 + 1
+    # value-embedding gates; smear; skip; backout λ
+    assert count(wide) == 7 * v * c + 377280 * c + 12 + 12 * (attention + 72 + mlp + 2) + 5 * 72 + 13 + 1 + 1
     kinds = wide.parameter_kinds()
     assert set(kinds) == {n for n, _ in wide.named_parameters()}
     assert {n for n, k in kinds.items() if k == "matrix"} == {
@@ -340,6 +340,7 @@ def test_preset_parameter_counts_by_hand():
                                                               "mlp.proj")}
     assert kinds["blocks.0.attn.gate.weight"] == "scalar" and kinds["skips.lambda_"] == "scalar"
     assert kinds["blocks.1.attn.ve_gate.weight"] == "scalar"
+    assert kinds["backout_lambda"] == "scalar" and "backout_lambda" not in record28.parameter_kinds()
     assert kinds["bigram.table"] == "embed" and kinds["bigram.gates"] == "scalar"
     assert record28.blocks[7].attn is None and kinds["embed.weight"] == "head"          # tied to the head
     assert record28.parameter_kinds()["embed.weight"] == "embed"                        # untied throughout

@@ -6,7 +6,7 @@ Sources (speedrun-spec.md 2.2, 2.3, 2.6): QK-norm and zero-init projections reco
 per-layer lambdas record #9; value embeddings records #14-#17, their gates records #55, #70; sliding
 windows records #13, #20; a layer without attention record #17 (layer 7 of 12 in record #28); the sparse
 attention gate record #28; paired-head attention record #58; bigram injection records #62, #83; FP8 QKV/O
-projections the 2026-06-11 record.
+projections the 2026-06-11 record; the partial key offset record #49.
 
 Shape legend: T tokens, C model_dim, H n_head, Dh head_dim, R rotated pairs of RoPE.
 """
@@ -71,6 +71,10 @@ class CausalSelfAttention(nn.Module):
     ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic scale for the
     three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`, used only while
     switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None.
+
+    Partial key offset (record #49): with ``config.key_offset`` on a long-window (``L``) layer that is not
+    paired (attribute ``key_offset`` True), the keys' stationary dims move one position forward after
+    QK-norm and RoPE, on the PyTorch and the fused-kernel path alike (:func:`offset_keys`).
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
@@ -78,6 +82,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.backend, self.rope = config.attention_backend, config.rope
         self.paired = layer in config.paired_head_layers
+        self.key_offset = (config.key_offset and not self.paired
+                           and config.window_pattern[layer:layer + 1] == "L")              # record #49
         fp8 = config.fp8_attention
         self.q = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)   # stacked in _qkv
         self.k = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)
@@ -108,6 +114,8 @@ class CausalSelfAttention(nn.Module):
                                  window, rope=self.rope, backend=self.backend)
         else:
             q, k = self._norm_rotary(q, k, context)
+            if self.key_offset:                                 # a per-layer constant: no graph break
+                k = offset_keys(k, 2 * context.cos.size(-1))     # dims 2R.. are the ones RoPE leaves put
             y = attention(q, k, v, context.docs, context.scale, window, backend=self.backend)  # v's dtype
         if self.gate is not None:
             y = y * self.gate(x).type_as(y)
@@ -200,3 +208,14 @@ class Block(nn.Module):
             x = x + bigram.type_as(x)
         return x + self.mlp(rms_norm(x))
 
+
+def offset_keys(k: torch.Tensor, start: int) -> torch.Tensor:
+    """Partial key offset (record #49; speedrun-spec.md 2.3): k (T, H, Dh) -> (T, H, Dh), same dtype, where
+    dims ``start``..Dh-1 of row t are those of row t-1 for t >= 1 and row 0 keeps its own; dims 0..start-1
+    are unchanged. Rows are positions of the flat packed sequence: the shift crosses document boundaries,
+    as the record's does. Applied to rotated keys with ``start`` = 2R (the dims half-truncated RoPE leaves
+    unrotated, Dh/2..Dh-1: :func:`speedrun.model.rotary.apply_rotary`), so that a query's stationary part
+    matches the token before each key (one-layer induction). Out of place (the record writes into k)."""
+    moving = k[..., start:]                                                          # (T, H, Dh - start)
+    shifted = torch.cat((moving[:1], moving[:-1]), dim=0)
+    return torch.cat((k[..., :start], shifted), dim=-1)

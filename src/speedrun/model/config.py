@@ -7,8 +7,8 @@ whose ``gpt124m`` value is the record's: sliding windows in 128-token blocks, lo
 (records #13, #20), half-truncated RoPE (#17), attention scale 0.1 with YaRN on window growth (#31), the
 shifted-sigmoid softcap (#54), the bigram hash embedding with the sign trick (#62, #83), the gated 3->6 skip
 (#45, #55), the value-embedding gates (#55, #70), the attention output gate (#28), paired-head attention
-(#58), FP8 head (#19) and QKV/O projections (2026-06-11). The ``record28`` preset is the 2025-08-23
-SparseAttnGate record. Modes are ``Literal`` types.
+(#58), FP8 head (#19) and QKV/O projections (2026-06-11), the partial key offset (#49) and backout (#40).
+The ``record28`` preset is the 2025-08-23 SparseAttnGate record. Modes are ``Literal`` types.
 """
 
 from __future__ import annotations
@@ -106,6 +106,16 @@ class GPTConfig:
             as many tokens. See :mod:`speedrun.model.paired`.
         attention_free_layers: layers without attention, MLP only (record #17 onward: layer 7 of 12 in
             record #28; layer 6 of 11 in HEAD). Such a layer takes no value embedding, gate or pairing.
+        key_offset: partial key offset (record #49, speedrun-spec.md 2.3): in every long-window (``L``)
+            layer that is neither paired nor attention-free, the keys' stationary dims (those half-truncated
+            RoPE leaves unrotated: Dh/2..Dh-1) at position t take the values of position t-1 of the packed
+            sequence, across document boundaries as in the record (position 0 keeps its own); one attention
+            layer can then match "the token after the previous occurrence" (induction). Needs
+            ``rope: half_truncated`` and such a layer. See :func:`speedrun.model.block.offset_keys`.
+        backout_layer: None (off) or b with 0 <= b < n_layer - 1 (backout, record #40): the residual stream
+            after block b is saved and ``λ · x_b`` subtracted from the last block's output before the final
+            norm and the head, λ the parameter ``backout_lambda`` (1,) learned from 0.5 (kind ``scalar``).
+            HEAD: layer 7 of 11 (the "2/3-depth" state), since absorbed into its MUDD bias (record #85).
         fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
             :mod:`speedrun.model.fp8`).
         fp8_head: the training forward of the LM head in FP8 (record #19).
@@ -165,6 +175,8 @@ class GPTConfig:
     attention_gate_layers: tuple[int, ...] = ()
     paired_head_layers: tuple[int, ...] = ()
     attention_free_layers: tuple[int, ...] = ()
+    key_offset: bool = False
+    backout_layer: int | None = None
     fp8_attention: bool = False
     fp8_head: bool = False
     fp8_mlp: bool = False
@@ -210,6 +222,7 @@ class GPTConfig:
         self._check_embeddings()
         self._check_attention_layers()
         self._check_skips()
+        self._check_key_offset_and_backout()
 
     @property
     def schedule_as_graph_inputs(self) -> bool:
@@ -274,6 +287,23 @@ class GPTConfig:
             raise SpeedrunError(f"model.skip_from and model.skip_to must satisfy 0 <= skip_from < skip_to < "
                                 f"n_layer = {self.n_layer}, got {self.skip_from!r} -> {self.skip_to!r}")
 
+    def _check_key_offset_and_backout(self) -> None:
+        if not isinstance(self.key_offset, bool):
+            raise SpeedrunError(f"model.key_offset must be true or false, got {self.key_offset!r}")
+        if self.key_offset:
+            if self.rope != "half_truncated":
+                raise SpeedrunError(f"model.key_offset shifts the dims that half-truncated RoPE leaves unrotated: "
+                                    f"it needs model.rope half_truncated, got {self.rope!r}")
+            skipped = set(self.paired_head_layers) | set(self.attention_free_layers)
+            if not any(kind == "L" and i not in skipped for i, kind in enumerate(self.window_pattern)):
+                raise SpeedrunError("model.key_offset acts on long-window layers: it needs a window_pattern with "
+                                    "at least one L layer that is neither paired nor attention-free, got "
+                                    f"{self.window_pattern!r}")
+        layer = self.backout_layer
+        if layer is not None and not (_is_int(layer) and 0 <= layer < self.n_layer - 1):
+            raise SpeedrunError(f"model.backout_layer must be null or a layer index b with 0 <= b < n_layer - 1 = "
+                                f"{self.n_layer - 1} (a block before the last), got {layer!r}")
+
     def _check_windows_and_rope(self) -> None:
         if self.rope == "half_truncated" and self.head_dim % 4:
             raise SpeedrunError(f"model.head_dim must be a multiple of 4 for rope half_truncated, got "
@@ -331,7 +361,9 @@ PRESETS: dict[str, GPTConfig] = {
     # rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55); the attention output gate on
     # every layer (#28; the pre-MUDD records gate all attention layers, HEAD's MUDD-generated gates only 3
     # and 10); paired heads on layers 0, 2, 5, 10 (HEAD 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and
-    # QKV/O (2026-06-11). FlexAttention (the CPU tests override it).
+    # QKV/O (2026-06-11); the partial key offset on the long-window layers that are not paired, 3 and 11
+    # (HEAD 3 and 10; #49); backout of the state after layer 8 (HEAD 7, #40; HEAD now folds it into its MUDD
+    # bias, #85). FlexAttention (the CPU tests override it).
     # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
     # docs/benchmarks.md); a CPU takes the PyTorch path.
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
@@ -342,8 +374,8 @@ PRESETS: dict[str, GPTConfig] = {
                          tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
                          attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
-                         fp8_attention=True, fp8_head=True, fp8_mlp=True, attention_backend="flex",
-                         cross_entropy="fused", rotary_kernel="triton"),
+                         fp8_attention=True, fp8_head=True, fp8_mlp=True, key_offset=True, backout_layer=8,
+                         attention_backend="flex", cross_entropy="fused", rotary_kernel="triton"),
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
     # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by

@@ -10,7 +10,7 @@ softcap record #9 (softcap 15 #18); document masking over one packed sequence re
 half-truncated RoPE record #17; attention scale 0.1 and YaRN on window growth record #31; smear record #34;
 shifted-sigmoid softcap record #54; U-net skips record #11, the gated skip records #45, #55; sparse attention
 gate record #28; paired-head attention record #58; bigram hash embedding records #62, #83; FP8 head record
-#19, FP8 QKV/O the 2026-06-11 record.
+#19, FP8 QKV/O the 2026-06-11 record; backout record #40; partial key offset record #49.
 
 Shape legend: T tokens of one packed sequence (B = 1), D documents, C model_dim, H n_head,
 Dh head_dim, V vocab_size.
@@ -41,6 +41,7 @@ from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
 ParamKind = Literal["embed", "head", "matrix", "scalar"]
 TIED_HEAD_STD = 0.005
+BACKOUT_LAMBDA_INIT = 0.5
 
 
 class GPT(nn.Module):
@@ -50,7 +51,9 @@ class GPT(nn.Module):
     initialization is exactly ln V); with ``config.value_embed_layers``, ``value_embeds``; with
     ``config.smear``, ``smear``; with ``config.bigram_vocab_size``, ``bigram``
     (:class:`speedrun.model.bigram.BigramEmbedding`); with ``config.skip_connections``, ``skips``
-    (:mod:`speedrun.model.skips`). :meth:`parameter_kinds` labels each parameter for the optimizers.
+    (:mod:`speedrun.model.skips`); with ``config.backout_layer``, ``backout_lambda`` (1,) fp32 from 0.5
+    (backout, record #40: see :meth:`_run_blocks`). :meth:`parameter_kinds` labels each parameter for the
+    optimizers.
 
     Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
     initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`
@@ -105,6 +108,8 @@ class GPT(nn.Module):
             self.skips = UNetSkips(config.n_layer)
         elif config.skip_connections == "gated":
             self.skips = GatedSkip(config.skip_from, config.skip_to)
+        if config.backout_layer is not None:
+            self.backout_lambda = nn.Parameter(torch.tensor([BACKOUT_LAMBDA_INIT]))
         self.register_buffer("rotary_frequencies", rotary_frequencies(config.head_dim, config.rope_base,
                                                                       mode=config.rope), persistent=False)
         cos, sin = rotary_table(self.rotary_frequencies, config.rotary_positions)           # (P, R) each
@@ -299,9 +304,13 @@ class GPT(nn.Module):
                     bigrams: list[torch.Tensor | None]) -> torch.Tensor:
         """The residual stream (T, C) after the last block, from x0 (T, C) and the per-layer value
         embeddings and gated bigram injections; layer 0's bigram enters before the first block, the long
-        skips (``skips``) between blocks."""
+        skips (``skips``) between blocks. With ``config.backout_layer`` b (backout, record #40): the output
+        x_b (T, C) of block b is saved and ``backout_lambda · x_b`` subtracted from the last block's output,
+        which the final norm then reads (the record: the early layers' contributions serve later layers'
+        context, not the prediction itself)."""
         x = x0 if bigrams[0] is None else x0 + bigrams[0].type_as(x0)
         skips = self.skips if self.config.skip_connections != "none" else None
+        backout_layer, saved = self.config.backout_layer, None
         outputs: dict[int, torch.Tensor] = {}
         layers = zip(self.blocks, self._forward_windows(), value_embeds, [None] + bigrams[1:])
         for i, (block, window, ve, bigram) in enumerate(layers):
@@ -310,6 +319,10 @@ class GPT(nn.Module):
             x = block(x, x0, context, window, ve, bigram)
             if skips is not None and skips.keeps(i):
                 outputs[i] = x
+            if i == backout_layer:
+                saved = x                                                             # (T, C)
+        if saved is not None:
+            x = x - self.backout_lambda.type_as(x) * saved
         return x
 
     def attention_context(self, docs: PackedDocuments) -> AttentionContext:
@@ -358,17 +371,17 @@ class GPT(nn.Module):
         """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the
         2-D projection weights inside blocks, for Muon) or ``scalar`` (everything else: lower-dimensional
         parameters inside blocks, the attention gates' and value-embedding gates' (H, 12) weights, smear, the
-        bigram gates and the skip weights). With ``config.tie_embed_head`` the token embedding is of kind
-        ``head``: it starts as the head's copy and, once untied, trains with the head's Adam settings, as in the
-        record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas; value and bigram tables 75x
-        that lr). Raises ``ValueError`` for a parameter it does not know."""
+        bigram gates, the skip weights and ``backout_lambda``). With ``config.tie_embed_head`` the token
+        embedding is of kind ``head``: it starts as the head's copy and, once untied, trains with the head's
+        Adam settings, as in the record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas;
+        value and bigram tables 75x that lr). Raises ``ValueError`` for a parameter it does not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
             if name == "embed.weight" and self.config.tie_embed_head:
                 kinds[name] = "head"
             elif name.startswith(("embed.", "value_embeds.", "bigram.table")):
                 kinds[name] = "embed"
-            elif name.startswith(("smear.", "bigram.gates", "skips.")):
+            elif name.startswith(("smear.", "bigram.gates", "skips.")) or name == "backout_lambda":
                 kinds[name] = "scalar"
             elif name.startswith("lm_head."):
                 kinds[name] = "head"
