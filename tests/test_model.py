@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -463,3 +464,31 @@ def test_flex_takes_the_windows_and_the_yarn_scale_as_graph_inputs():
     half = half.bfloat16()                                # a 16-bit model keeps the scale in fp32, not rounded
     assert half.attention_scale_buffer.dtype == torch.float32
     assert float(half.attention_scale_buffer) == pytest.approx(half.attention_scale, rel=1e-7)
+
+
+def test_residual_lambda_init_grows_the_stream_by_hand():
+    """Record #45: λ0 of the x0 lambdas from 1.1. With the output projections at their zero initialization
+    every block returns λ0·x + λ1·x0 = 1.1·x, so the stream after n blocks is 1.1^n·x0 (float64)."""
+    assert PRESETS["gpt124m"].resid_lambda_init == 1.1 and PRESETS["record28"].resid_lambda_init == 1.0
+    torch.manual_seed(0)
+    cfg = build_model_config("tiny", {**SMALL, "x0_lambdas": True, "resid_lambda_init": 1.1})
+    model = GPT(cfg).to(torch.float64)
+    assert all(block.lambdas.tolist() == pytest.approx([1.1, 0.0]) for block in model.blocks)
+    inputs, _, bounds = batch()
+    x0 = rms_norm(F.embedding(inputs, model.embed.weight))
+    expected = rms_norm(1.1 ** cfg.n_layer * x0)
+    torch.testing.assert_close(model.hidden_states(inputs, bounds), expected, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():                                # λ0 = 1 leaves the stream as it came
+        for block in model.blocks:
+            block.lambdas.copy_(torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(model.hidden_states(inputs, bounds), rms_norm(x0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"resid_lambda_init": 0.0}, "resid_lambda_init must be a finite number > 0, got 0.0"),
+    ({"resid_lambda_init": "1e-1"}, "resid_lambda_init must be a finite number > 0, got '1e-1'"),
+    ({"resid_lambda_init": 1.1, "x0_lambdas": False}, "resid_lambda_init 1.1 sets the x0 lambdas' λ0: it needs"),
+])
+def test_residual_lambda_init_errors(overrides, message):
+    with pytest.raises(SpeedrunError, match=re.escape(message)):
+        build_model_config("tiny", overrides)

@@ -183,7 +183,8 @@ class Block(nn.Module):
     """Pre-norm transformer block ``layer``: ``x += attn(norm(x)); x += mlp(norm(x))``. (T, C) -> (T, C).
 
     With ``config.x0_lambdas`` (record #9, the x0 shortcut), the block first mixes in the normalized input
-    embedding x0: ``x = lambdas[0]·x + lambdas[1]·x0``, ``lambdas`` (2,) fp32 learned per layer from (1, 0).
+    embedding x0: ``x = lambdas[0]·x + lambdas[1]·x0``, ``lambdas`` (2,) fp32 learned per layer from
+    (``config.resid_lambda_init``, 0) (1.1 in the current record, #45).
     A layer in ``config.attention_free_layers`` has no attention (``attn`` None; record #17). A bigram
     injection (records #62, #83) is added after the attention sublayer.
     """
@@ -192,7 +193,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn = None if layer in config.attention_free_layers else CausalSelfAttention(config, layer)
         self.mlp = MLP(config)
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_lambdas else None
+        self.lambdas = nn.Parameter(torch.tensor([config.resid_lambda_init, 0.0])) if config.x0_lambdas else None
 
     def forward(self, x: torch.Tensor, x0: torch.Tensor, context: AttentionContext,
                 window: int | torch.Tensor | None = None,

@@ -70,7 +70,10 @@ class GPTConfig:
             with ``softcap_kind="shifted_sigmoid"``, ``c * sigmoid((z + 5) / 7.5)`` (record #54, c=23).
         softcap_kind: ``"tanh"`` or ``"shifted_sigmoid"``.
         x0_lambdas: each block mixes in the normalized embedding, x = λ0·x + λ1·x0 with learned per-layer
-            λ from (1, 0) (record #9).
+            λ from (``resid_lambda_init``, 0) (record #9).
+        resid_lambda_init: λ0's initial value, finite and > 0 (1.0; the current record's 1.1, record #45: the
+            residual stream grows by 1.1 per layer, so an early layer's output reaches the head 1.1^k times
+            larger than a late one's; HEAD splits it as √1.1 per sublayer). Needs ``x0_lambdas`` when not 1.
         value_embed_layers: layers whose attention values get a token-indexed value embedding added
             (records #14-#17; HEAD: layers 1, 2, 8, 9, 10 of 11).
         value_embed_tables: 0 for one table per value-embedding layer, or k >= 1 tables shared in turn: the
@@ -160,6 +163,7 @@ class GPTConfig:
     logit_softcap: float | None = None
     softcap_kind: SoftcapKind = "tanh"
     x0_lambdas: bool = False
+    resid_lambda_init: float = 1.0
     value_embed_layers: tuple[int, ...] = ()
     value_embed_tables: int = 0
     value_embed_std: float = 0.01
@@ -248,6 +252,12 @@ class GPTConfig:
         if not _is_int(tables) or not 0 <= tables <= len(self.value_embed_layers):
             raise SpeedrunError(f"model.value_embed_tables must be an integer in 0..{len(self.value_embed_layers)}"
                                 f" (the number of value_embed_layers), got {tables!r}")
+        init = self.resid_lambda_init
+        if not isinstance(init, (int, float)) or isinstance(init, bool) or not 0 < init < float("inf"):
+            raise SpeedrunError(f"model.resid_lambda_init must be a finite number > 0, got {init!r}"
+                                f"{number_text_hint(init)}")
+        if init != 1.0 and not self.x0_lambdas:
+            raise SpeedrunError(f"model.resid_lambda_init {init} sets the x0 lambdas' λ0: it needs model.x0_lambdas")
         std = self.value_embed_std
         if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0 < std < float("inf"):
             raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}"
@@ -349,27 +359,26 @@ PRESETS: dict[str, GPTConfig] = {
     # dominates the cost: about 3,100 train tokens/s on one thread (benchmarks/train_cpu.py); width 96
     # gives about 2,200 and width 128 about 1,850.
     "tiny": GPTConfig(n_layer=4, model_dim=64, n_head=2, head_dim=32, mlp_ratio=4),
-    # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; the fused cross-entropy
-    # (records #60, #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer
-    # indices are carried to 12 layers by keeping layers 0-6 and moving 7-10 to 8-11. Record switches: long
-    # windows on layer 3 and the last (HEAD 3 and 10),
-    # short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17); attention scale
-    # 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9); value embeddings on layers 1, 2 and the
-    # last three (HEAD 1, 2, 8, 9, 10), each gated per head by 2·σ(W_g·[x[:6], ve[:6]]) (#55, #70; HEAD's
-    # layer 10 takes its VE gate from MUDD instead, which this model does not have); smear (#34); tied
-    # embedding and head (#51, untied by the training untie_step, #53); bigram hash embedding of 50304·15//2
-    # rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55); the attention output gate on
-    # every layer (#28; the pre-MUDD records gate all attention layers, HEAD's MUDD-generated gates only 3
-    # and 10); paired heads on layers 0, 2, 5, 10 (HEAD 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and
-    # QKV/O (2026-06-11); the partial key offset on the long-window layers that are not paired, 3 and 11
-    # (HEAD 3 and 10; #49); backout of the state after layer 8 (HEAD 7, #40; HEAD now folds it into its MUDD
-    # bias, #85). FlexAttention (the CPU tests override it).
+    # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; the fused cross-entropy (records #60,
+    # #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer indices are carried to 12
+    # layers by keeping layers 0-6 and moving 7-10 to 8-11. Record switches: long windows on layer 3 and the last
+    # (HEAD 3 and 10), short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17);
+    # attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9) from λ0 = 1.1 (#45); value
+    # embeddings on layers 1, 2 and the last three (HEAD 1, 2, 8, 9, 10), each gated per head by 2·σ(W_g·[x[:6],
+    # ve[:6]]) (#55, #70; HEAD's layer 10 takes its VE gate from MUDD instead, which this model does not have);
+    # smear (#34); tied embedding and head (#51, untied by the training untie_step, #53); bigram hash embedding of
+    # 50304·15//2 rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55); the attention output gate
+    # on every layer (#28; the pre-MUDD records gate all attention layers, HEAD's MUDD-generated gates only 3 and
+    # 10); paired heads on layers 0, 2, 5, 10 (HEAD 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and QKV/O
+    # (2026-06-11); the partial key offset on the long-window layers that are not paired, 3 and 11 (HEAD 3 and 10;
+    # #49); backout of the state after layer 8 (HEAD 7, #40; HEAD now folds it into its MUDD bias, #85).
+    # FlexAttention (the CPU tests override it).
     # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
     # docs/benchmarks.md); a CPU takes the PyTorch path.
     "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                          rope="half_truncated", attention_scale=0.1, yarn=True,
                          window_pattern="SSSLSSSSSSSL", window_short_blocks=1, window_long_blocks=3,
-                         logit_softcap=23.0, softcap_kind="shifted_sigmoid", x0_lambdas=True,
+                         logit_softcap=23.0, softcap_kind="shifted_sigmoid", x0_lambdas=True, resid_lambda_init=1.1,
                          value_embed_layers=(1, 2, 9, 10, 11), value_embed_gates=True, smear=True,
                          tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
                          skip_connections="gated", skip_from=3, skip_to=6,
