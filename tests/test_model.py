@@ -44,7 +44,7 @@ def batch(num_tokens=40, vocab=320, bounds=(0, 13, 14, 40), seed=1):
 
 def test_presets_and_overrides():
     wide = PRESETS["gpt124m"]
-    assert (wide.model_dim, wide.n_layer, wide.n_head, wide.head_dim) == (768, 12, 6, 128)
+    assert (wide.model_dim, wide.n_layer, wide.n_head, wide.head_dim) == (768, 11, 6, 128)    # HEAD's shape
     assert wide.vocab_size == 50304 and wide.vocab_size % 128 == 0 and wide.vocab_size >= 50257
     cfg = build_model_config("tiny", {"n_layer": 3, "logit_softcap": 15.0})
     assert cfg.n_layer == 3 and cfg.logit_softcap == 15.0
@@ -200,12 +200,13 @@ def test_parameter_kinds_put_every_block_matrix_in_muon_and_the_rest_in_adam():
 def test_record_switches_are_the_gpt124m_defaults_and_off_in_tiny():
     wide, tiny = PRESETS["gpt124m"], PRESETS["tiny"]
     assert (wide.rope, wide.attention_scale, wide.yarn) == ("half_truncated", 0.1, True)
-    assert (wide.window_pattern, wide.window_block_size) == ("SSSLSSSSSSSL", 128)
+    assert (wide.window_pattern, wide.window_block_size) == ("SSSLSSSSSSL", 128)
     assert (wide.window_short_blocks, wide.window_long_blocks) == (1, 3)
     assert (wide.logit_softcap, wide.softcap_kind) == (23.0, "shifted_sigmoid")
     assert (wide.bigram_vocab_size, wide.bigram_sign_trick) == (377280, True)
     assert (wide.skip_connections, wide.skip_from, wide.skip_to) == ("gated", 3, 6)
-    assert wide.attention_gate_layers == tuple(range(12)) and wide.paired_head_layers == (0, 2, 5, 10)
+    assert wide.attention_free_layers == (6,) and wide.paired_head_layers == (0, 2, 5, 9)
+    assert wide.attention_gate_layers == (0, 1, 2, 3, 4, 5, 7, 8, 9, 10)              # every attention layer
     assert (wide.fp8_attention, wide.fp8_head, wide.fp8_mlp, wide.attention_backend) == (True, True, True, "flex")
     assert not PRESETS["record28"].fp8_mlp                                   # record #28 predates #84
     assert (tiny.rope, tiny.attention_scale, tiny.yarn, tiny.window_pattern) == ("full", None, False, "")
@@ -351,7 +352,7 @@ def _record_model(backend="reference"):
                                          "loss_chunk_tokens": 16, "bigram_vocab_size": 97, "skip_from": 0,
                                          "skip_to": 2, "attention_gate_layers": [0, 1, 2],
                                          "paired_head_layers": [0, 2], "fp8_attention": False,
-                                         "fp8_head": False, "backout_layer": 1})
+                                         "fp8_head": False, "backout_layer": 1, "attention_free_layers": []})
     torch.manual_seed(0)
     model = GPT(cfg).double()
     with torch.no_grad():                       # move the switches off their identity initialization

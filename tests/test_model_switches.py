@@ -330,19 +330,20 @@ def test_preset_parameter_counts_by_hand():
     # embed + head + 3 value tables; 11 attentions with (6, 12) gates and (2,) value lambdas, 12 MLPs; x0
     # lambdas; 6 U-net weights
     assert count(record28) == 2 * v * c + 3 * v * c + 11 * (attention + 72 + 2) + 12 * mlp + 24 + 6
-    # embed + head + 5 value tables + bigram table and gates; 12 gated attentions and MLPs; 5 (6, 12)
-    # value-embedding gates; smear; skip; backout λ
-    assert count(wide) == 7 * v * c + 377280 * c + 12 + 12 * (attention + 72 + mlp + 2) + 5 * 72 + 13 + 1 + 1
+    # embed + head + 5 value tables + bigram table and gates; 10 gated attentions, 11 MLPs and x0 lambdas;
+    # 5 (6, 12) value-embedding gates; smear; skip; backout λ
+    assert count(wide) == 7 * v * c + 377280 * c + 11 + 10 * (attention + 72) + 11 * (mlp + 2) + 5 * 72 + 13 + 1 + 1
     kinds = wide.parameter_kinds()
     assert set(kinds) == {n for n, _ in wide.named_parameters()}
     assert {n for n, k in kinds.items() if k == "matrix"} == {
-        f"blocks.{i}.{m}.weight" for i in range(12) for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc",
-                                                              "mlp.proj")}
+        f"blocks.{i}.{m}.weight" for i in range(11) for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc",
+                                                              "mlp.proj") if i != 6 or m.startswith("mlp")}
     assert kinds["blocks.0.attn.gate.weight"] == "scalar" and kinds["skips.lambda_"] == "scalar"
     assert kinds["blocks.1.attn.ve_gate.weight"] == "scalar"
     assert kinds["backout_lambda"] == "scalar" and "backout_lambda" not in record28.parameter_kinds()
     assert kinds["bigram.table"] == "embed" and kinds["bigram.gates"] == "scalar"
     assert record28.blocks[7].attn is None and kinds["embed.weight"] == "head"          # tied to the head
+    assert wide.blocks[6].attn is None and len(wide.blocks) == 11
     assert record28.parameter_kinds()["embed.weight"] == "embed"                        # untied throughout
     assert record28.parameter_kinds()["blocks.0.attn.value_lambdas"] == "scalar"
     assert wide.bigram.signs.shape == (8192, 768) and wide.bigram.signs.device.type == "cpu"

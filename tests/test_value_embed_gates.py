@@ -211,7 +211,7 @@ def test_presets():
         wide = GPT(PRESETS["gpt124m"])
     kinds = wide.parameter_kinds()
     gates = {n: tuple(p.shape) for n, p in wide.named_parameters() if "ve_gate" in n}
-    assert gates == {f"blocks.{i}.attn.ve_gate.weight": (6, 12) for i in (1, 2, 9, 10, 11)}
+    assert gates == {f"blocks.{i}.attn.ve_gate.weight": (6, 12) for i in (1, 2, 8, 9, 10)}
     assert all(kinds[n] == "scalar" for n in gates)
 
 

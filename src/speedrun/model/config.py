@@ -359,31 +359,32 @@ PRESETS: dict[str, GPTConfig] = {
     # dominates the cost: about 3,100 train tokens/s on one thread (benchmarks/train_cpu.py); width 96
     # gives about 2,200 and width 128 about 1,850.
     "tiny": GPTConfig(n_layer=4, model_dim=64, n_head=2, head_dim=32, mlp_ratio=4),
-    # The public record's width and heads (speedrun-spec.md 2.1) in 12 layers; the fused cross-entropy (records #60,
-    # #75, #79: a Triton kernel on CUDA, the same computation on a CPU). HEAD's 11-layer indices are carried to 12
-    # layers by keeping layers 0-6 and moving 7-10 to 8-11. Record switches: long windows on layer 3 and the last
-    # (HEAD 3 and 10), short elsewhere, 1/3 blocks at the start (#13, #20, #31); half-truncated RoPE (#17);
-    # attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5) (#54); x0 lambdas (#9) from λ0 = 1.1 (#45); value
-    # embeddings on layers 1, 2 and the last three (HEAD 1, 2, 8, 9, 10), each gated per head by 2·σ(W_g·[x[:6],
-    # ve[:6]]) (#55, #70; HEAD's layer 10 takes its VE gate from MUDD instead, which this model does not have);
-    # smear (#34); tied embedding and head (#51, untied by the training untie_step, #53); bigram hash embedding of
-    # 50304·15//2 rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55); the attention output gate
-    # on every layer (#28; the pre-MUDD records gate all attention layers, HEAD's MUDD-generated gates only 3 and
-    # 10); paired heads on layers 0, 2, 5, 10 (HEAD 0, 2, 5, 9; #58); FP8 head (#19), MLP (#84, #89) and QKV/O
-    # (2026-06-11); the partial key offset on the long-window layers that are not paired, 3 and 11 (HEAD 3 and 10;
-    # #49); backout of the state after layer 8 (HEAD 7, #40; HEAD now folds it into its MUDD bias, #85).
-    # FlexAttention (the CPU tests override it).
+    # The public record's shape (speedrun-spec.md 2.1): 11 layers of width 768 with 6 heads of 128, layer 6
+    # without attention (#17; the first layer's MLP and attention dropped to reach 11 layers, #30, #35, #49); the
+    # fused cross-entropy (records #60, #75, #79: a Triton kernel on CUDA, the same computation on a CPU). Layer
+    # indices are HEAD's. Record switches: long windows on layers 3 and 10, short elsewhere, 1/3 blocks at the
+    # start (#13, #20, #31); half-truncated RoPE (#17); attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5)
+    # (#54); x0 lambdas (#9) from λ0 = 1.1 (#45); value embeddings on layers 1, 2, 8, 9, 10, each gated per head
+    # by 2·σ(W_g·[x[:6], ve[:6]]) (#55, #70; HEAD's layer 10 takes its VE gate from MUDD instead, which this
+    # model does not have); smear (#34); tied embedding and head (#51, untied by the training untie_step, #53);
+    # bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55);
+    # the attention output gate on every attention layer (#28; the pre-MUDD records gate all attention layers,
+    # HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 9 (#58); FP8 head (#19), MLP
+    # (#84, #89) and QKV/O (2026-06-11); the partial key offset on the long-window layers, which are not paired,
+    # 3 and 10 (#49); backout of the state after layer 7 (#40; HEAD now folds it into its MUDD bias, #85).
+    # FlexAttention (the CPU tests override it). Until 2026-11-30 this preset had 12 layers, all with attention
+    # (HEAD's layers 7-10 moved to 8-11): docs/benchmarks.md's gpt124m figures before then are of that shape.
     # QK-norm and RoPE in one Triton kernel on a GPU (722 -> 676 ms per record28 step on the H200,
     # docs/benchmarks.md); a CPU takes the PyTorch path.
-    "gpt124m": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+    "gpt124m": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                          rope="half_truncated", attention_scale=0.1, yarn=True,
-                         window_pattern="SSSLSSSSSSSL", window_short_blocks=1, window_long_blocks=3,
+                         window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
                          logit_softcap=23.0, softcap_kind="shifted_sigmoid", x0_lambdas=True, resid_lambda_init=1.1,
-                         value_embed_layers=(1, 2, 9, 10, 11), value_embed_gates=True, smear=True,
+                         value_embed_layers=(1, 2, 8, 9, 10), value_embed_gates=True, smear=True,
                          tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
-                         skip_connections="gated", skip_from=3, skip_to=6,
-                         attention_gate_layers=tuple(range(12)), paired_head_layers=(0, 2, 5, 10),
-                         fp8_attention=True, fp8_head=True, fp8_mlp=True, key_offset=True, backout_layer=8,
+                         skip_connections="gated", skip_from=3, skip_to=6, attention_free_layers=(6,),
+                         attention_gate_layers=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10), paired_head_layers=(0, 2, 5, 9),
+                         fp8_attention=True, fp8_head=True, fp8_mlp=True, key_offset=True, backout_layer=7,
                          attention_backend="flex", cross_entropy="fused", rotary_kernel="triton"),
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
