@@ -171,3 +171,95 @@ def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_w
     assert comparison_verdict(clean, False, 0.05) == "no: does not reach the target"
     assert comparison_verdict({**clean, "train_time": {}}, True, 0.05) == "no: not faster (p=–)"
     assert comparison_verdict(COMPARISON, True, 0.05) == "no: rules violated"
+
+
+def _public_runs(tmp_path):
+    """Three runs of one variant without seeds (public logs), one diverged, with distinct curves."""
+    folder = tmp_path / "cand"
+    specs = [("a", "complete", [10.8, 7.0, 6.1]), ("b", "complete", [10.9, 7.2, 6.3]), ("c", "diverged", [10.7, 9.0])]
+    paths = []
+    for name, status, losses in specs:
+        path = _write_run(folder, name, status, losses, losses[-1] if status == "complete" else None, 1000.0)
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps({**record, "seed": None, "file": f"records/cand/{name}.txt"}))
+        paths.append(path)
+    return paths
+
+
+def test_val_loss_plot_draws_one_line_per_run_when_seeds_are_unknown(tmp_path, monkeypatch):
+    import speedrun.analysis.report_plots as report_plots
+
+    figures = []
+    monkeypatch.setattr(report_plots, "_save", lambda fig, out: figures.append(fig))
+    _, curves = load_runs(_public_runs(tmp_path))
+    plot_val_loss(curves, tmp_path / "v.png", target=6.5, zoom_last_fraction=1.0)
+    [fig] = figures
+    for ax in fig.axes:
+        drawn = [(list(line.get_xdata()), list(line.get_ydata()))
+                 for line in ax.get_lines() if line.get_marker() == "."]
+        assert drawn == [([0, 10, 20], [10.8, 7.0, 6.1]), ([0, 10, 20], [10.9, 7.2, 6.3]), ([0, 10], [10.7, 9.0])]
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["cand", "target 6.5"]                           # the variant named once, not per run
+
+
+def test_incomplete_runs_without_seed_are_named_by_file(tmp_path):
+    table, _ = load_runs(_public_runs(tmp_path))
+    text = render_summary([], [], table, "base", 6.5, 0.01)
+    assert "**1 incomplete run(s)**, not counted: cand records/cand/c.txt (diverged)" in text
+    assert "seed None" not in text
+
+
+def test_incomplete_runs_with_seed_are_named_by_seed(runs):
+    text = render_summary(SUMMARY, [], runs[0], "baseline", 6.5, 0.01)
+    assert "not counted: candidate seed 1 (diverged)" in text
+
+
+def _report_argv(paths, summary, out):
+    return ["report", "--runs", *map(str, paths), "--summary", str(summary), "--baseline", "baseline",
+            "--target", "6.5", "--out-dir", str(out)]
+
+
+def test_report_refuses_a_parsed_run_as_summary_before_writing(paths, tmp_path, capsys):
+    from speedrun import cli
+
+    out = tmp_path / "R4"
+    assert cli.main(_report_argv(paths, paths[0], out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"speedrun report: error: {paths[0]}: --summary expects the "
+                                                   "summary.json of speedrun stats")
+    assert "this is a parsed-run record" in err
+    assert not out.exists()
+
+
+def test_report_refuses_a_summary_among_the_runs_before_writing(paths, tmp_path, capsys):
+    from speedrun import cli
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(SUMMARY))
+    out = tmp_path / "R4"
+    assert cli.main(_report_argv([*paths, summary], summary, out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"speedrun report: error: {summary}: --runs expects parsed-run "
+                                                   "records")
+    assert "this is a summary.json" in err
+    assert not out.exists()
+    with pytest.raises(SpeedrunError, match="this is a JSON list"):
+        read_records([_write_json(tmp_path / "x" / "list.json", [1, 2])])
+
+
+def _write_json(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_report_out_dir_that_is_a_file_is_one_line(paths, tmp_path, capsys):
+    from speedrun import cli
+
+    summary = _write_json(tmp_path / "summary.json", SUMMARY)
+    afile = tmp_path / "afile"
+    afile.write_text("keep\n")
+    assert cli.main(_report_argv(paths, summary, afile)) == 2
+    err = capsys.readouterr().err
+    assert err == f"speedrun report: error: {afile}: exists and is not a folder (File exists)\n"
+    assert afile.read_text() == "keep\n"

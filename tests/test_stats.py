@@ -1,5 +1,6 @@
 """Grouping of runs, the record-rule t-test, and `speedrun stats` (incl. PUBLISHED.md reproduced)."""
 
+import gzip
 import json
 import math
 import re
@@ -18,7 +19,7 @@ from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.tables import statistics_markdown
 from speedrun.analysis.tests import one_sample_less, summarize
 from speedrun.errors import SpeedrunError
-from test_logs import REFERENCE, needs_reference, our_log, write
+from test_logs import REFERENCE, SEP, needs_reference, our_log, write
 
 
 def student_t_cdf(t: float, dof: int) -> float:
@@ -243,6 +244,27 @@ def test_stats_cli_json_markdown_and_table(tmp_path, capsys):
     assert re.search(rf"^{re.escape(str(base))}\s+3\s+4\s+6\.9100 ± 0\.0458\s+{ref.pvalue:.4g}\s+\d+ / \d+\s+"
                      r"0\.40 ± 0\.01\s+1 diverged$", table, re.M)
     assert "diverged: " in table
+
+
+def test_stats_table_names_skipped_log_files_with_their_reason(tmp_path, capsys):
+    base = tmp_path / "runs"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 101.0)])
+    (base / "killed.txt").write_bytes(b"")                                   # killed before writing anything
+    write(base / "header_only.log", "torchrun output\n" + SEP + "\nsome header, no metrics\n")
+    (base / "old.txt.gz").write_bytes(gzip.compress((base / "seed0.txt").read_bytes()))
+    write(base / "README.md", "# notes\n")
+    write(base / "notes.csv", "a,b\n1,2\n")
+    assert cli.main(["stats", str(base), "--target", "7"]) == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [f"skipped: {base / 'header_only.log'}: not a training log (no 'speedrun:' header, no step:/s: "
+                       "lines, no line of 100 '=' followed by step: or 'Running Python' lines)",
+                       f"skipped: {base / 'killed.txt'}: empty file (a run killed before it wrote anything?)",
+                       f"skipped: {base / 'old.txt.gz'}: gzip-compressed: decompress it to read it as a log"]
+    assert out.index("skipped: ") > out.index(str(base))                      # after the table's row
+    [g] = collect_runs([str(base)])                                           # every skipped file has a reason
+    assert dict(zip(g.skipped, g.skip_reasons))[str(base / "README.md")].startswith("not a training log")
+    assert len(g.skipped) == len(g.skip_reasons) == 5 and len(g.runs) == 2
 
 
 def test_stats_cli_error_is_one_line(tmp_path, capsys):

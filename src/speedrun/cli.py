@@ -3,14 +3,18 @@
 Each stage module exposes ``add_arguments(parser)`` and ``main(args) -> int``; this file only
 builds the argument parser and dispatches. Stage modules are imported lazily, so ``speedrun stats``
 never imports torch. A :class:`~speedrun.errors.SpeedrunError` is printed as one line
-(``speedrun <stage>: error: ...``) and the command exits with status 2.
+(``speedrun <stage>: error: ...``) and the command exits with status 2; so is an :class:`OSError` that names a
+path (an output folder that is a file, a read-only file system: the path and the OS's reason). Any other
+exception keeps its traceback: it is a bug.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from speedrun import __version__
@@ -62,3 +66,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpeedrunError as e:
         print(f"speedrun {stage}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:       # not about a path the user named: a bug, keep its traceback
+            raise
+        print(f"speedrun {stage}: error: {os_error_message(e)}", file=sys.stderr)
+        return 2
+
+
+def os_error_message(e: OSError) -> str:
+    """One line for an OS error about a path (an output folder that is a file, a read-only file system...):
+    the path and the OS's reason, with the file that is in the way when a folder cannot be made."""
+    path = os.fsdecode(e.filename)
+    reason = e.strerror or str(e)
+    if isinstance(e, FileExistsError) and not os.path.isdir(path):
+        return f"{path}: exists and is not a folder ({reason})"
+    if isinstance(e, NotADirectoryError):
+        blocker = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            return f"{path}: {blocker} is a file, not a folder ({reason})"
+    if isinstance(e, IsADirectoryError):
+        return f"{path}: is a folder, expected a file name ({reason})"
+    return f"{path}: {reason}"

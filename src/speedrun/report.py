@@ -33,8 +33,9 @@ from speedrun.analysis.report_tables import render_summary
 from speedrun.atomic import atomic_open, write_text
 from speedrun.errors import SpeedrunError
 
-__all__ = ["add_arguments", "main", "load_runs", "read_records", "counted", "render_summary", "plot_val_loss",
-           "plot_val_loss_band", "plot_final_val_loss", "plot_distributions", "plot_p_value_by_n"]
+__all__ = ["add_arguments", "main", "load_runs", "read_record", "read_records", "read_summary", "counted",
+           "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss", "plot_distributions",
+           "plot_p_value_by_n"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.runs]
     runs, curves = load_runs(paths)
     records = read_records(paths)
-    summary = _read_json(Path(args.summary))
+    summary = read_summary(Path(args.summary))
     comparisons = [_read_json(Path(p)) for p in args.comparisons]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,13 +83,50 @@ def _read_json(path: Path) -> Any:
         raise SpeedrunError(f"{path}: not valid JSON ({e})") from None
 
 
-def read_records(record_paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """The parsed-run records (docs/formats.md "Parsed run"), each with ``variant`` set to its folder's name.
+def _kind(obj: Any) -> str:
+    """What a JSON file of the pipeline holds, for error messages."""
+    if isinstance(obj, dict) and "status" in obj:
+        return "a parsed-run record (of speedrun parse)"
+    if isinstance(obj, dict) and "candidate" in obj:
+        return "a comparison (of speedrun compare)"
+    if isinstance(obj, list) and obj and all(isinstance(g, dict) and "group" in g for g in obj):
+        return "a summary.json (of speedrun stats)"
+    return f"a JSON {type(obj).__name__}"
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One parsed-run record (docs/formats.md "Parsed run") with ``variant`` set to its folder's name.
 
     Raises:
-        SpeedrunError: a record is missing or not JSON.
+        SpeedrunError: the file is missing, not JSON, or not a parsed-run record (a JSON object with ``status``).
     """
-    return [{**_read_json(path), "variant": path.parent.name} for path in record_paths]
+    obj = _read_json(path)
+    if not (isinstance(obj, dict) and "status" in obj):
+        raise SpeedrunError(f"{path}: --runs expects parsed-run records (a JSON object with a 'status', written by "
+                            f"speedrun parse), this is {_kind(obj)}")
+    return {**obj, "variant": path.parent.name}
+
+
+def read_records(record_paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The parsed-run records (:func:`read_record`), each with ``variant`` set to its folder's name.
+
+    Raises:
+        SpeedrunError: a record is missing, not JSON or not a parsed-run record.
+    """
+    return [read_record(path) for path in record_paths]
+
+
+def read_summary(path: Path) -> list[dict[str, Any]]:
+    """The stats stage's summary.json (docs/formats.md "Statistics"): a list of group objects.
+
+    Raises:
+        SpeedrunError: the file is missing, not JSON, or not a list of objects with a ``group`` key.
+    """
+    obj = _read_json(path)
+    if not (isinstance(obj, list) and all(isinstance(g, dict) and "group" in g for g in obj)):
+        raise SpeedrunError(f"{path}: --summary expects the summary.json of speedrun stats (a list of group "
+                            f"objects with a 'group' key), this is {_kind(obj)}")
+    return obj
 
 
 def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:

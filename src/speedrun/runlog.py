@@ -82,15 +82,20 @@ def sha256_text(text: str) -> str:
 def code_version(source: Path | None = None) -> dict[str, str]:
     """``git_commit`` (HEAD) and ``git_dirty`` (``true``/``false``: uncommitted changes) of the git work tree
     holding ``source`` (default: this package's source); empty when it is not in a work tree with a commit
-    or git is missing (the log then simply lacks these lines)."""
+    or git is missing (the log then simply lacks these lines).
+
+    Dirty means a tracked file differs from HEAD (staged or not, deleted included): ``git status --porcelain
+    --untracked-files=no``. Untracked files (a symlinked ``.venv``, a user's own config file) do not change the
+    committed code, so they do not make the tree dirty; an untracked source file the run imports is not seen.
+    """
     source = source or Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=30)
         if commit.returncode != 0:
             return {}
-        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain"], capture_output=True,
-                                text=True, timeout=30)
+        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     dirty = "true" if status.returncode != 0 or status.stdout.strip() else "false"

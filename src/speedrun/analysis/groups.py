@@ -51,7 +51,8 @@ class Group:
     unique name (the directory's name, plus the suffix); ``runs`` every run found, complete or not, in file
     order; ``duplicate_of`` (parallel to ``runs``; all ``None`` when not given) names, for a run that repeats
     an earlier one, that run's file, and ``duplicate_kind`` why (:data:`DuplicateKind`); duplicates are not
-    counted. ``skipped`` lists the directory's files that are not runs (README.md...). ``code_split`` is the
+    counted. ``skipped`` lists the directory's files that are not runs (README.md...) and ``skip_reasons``
+    (parallel; empty strings when not given) why each is not one (:func:`skip_reason`). ``code_split`` is the
     policy the group was made with.
     """
 
@@ -64,8 +65,14 @@ class Group:
     skipped: tuple[str, ...] = ()
     duplicate_kind: tuple[DuplicateKind | None, ...] = ()
     code_split: CodeSplit = "pool"
+    skip_reasons: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.skip_reasons:
+            object.__setattr__(self, "skip_reasons", ("",) * len(self.skipped))
+        if len(self.skip_reasons) != len(self.skipped):
+            raise ValueError(f"group {self.name}: {len(self.skip_reasons)} skip_reasons for {len(self.skipped)} "
+                             "skipped files")
         if not self.duplicate_of:
             object.__setattr__(self, "duplicate_of", (None,) * len(self.runs))
         if not self.duplicate_kind:
@@ -144,15 +151,42 @@ def load_run(path: str | Path) -> RunRecord | None:
     Raises:
         SpeedrunError: the file cannot be read, or is a parsed-run JSON with missing keys.
     """
+    return _load(path)[0]
+
+
+def _load(path: str | Path) -> tuple[RunRecord | None, str]:
+    """(the run in the file, ``""``) or (``None``, why it is not a run: :func:`skip_reason`)."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SpeedrunError(f"{path}: cannot read ({e.strerror or e})") from None
     if data.lstrip()[:1] == b"{":
-        return _json_run(data, path)
-    if sniff_format(data) is None:
-        return None
-    return record_from_bytes(data, path)
+        run = _json_run(data, path)
+    else:
+        run = None if sniff_format(data) is None else record_from_bytes(data, path)
+    return (run, "") if run is not None else (None, skip_reason(data))
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
+               b"PK\x03\x04": "zip"}
+
+
+def skip_reason(data: bytes) -> str:
+    """Why a file's content ``data`` is not a run (for a file that :func:`load_run` skips): empty, compressed,
+    JSON that is not a parsed-run record, or text that is no training log of a known format."""
+    if not data.strip():
+        return "empty file (a run killed before it wrote anything?)"
+    kind = next((k for magic, k in _COMPRESSED.items() if data.startswith(magic)), None)
+    if kind:
+        return f"{kind}-compressed: decompress it to read it as a log"
+    if data.lstrip()[:1] in (b"{", b"["):
+        try:
+            json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return f"not valid JSON ({e})"
+        return "JSON, but not a parsed-run record (no 'format' and 'status' keys)"
+    return ("not a training log (no 'speedrun:' header, no step:/s: lines, no line of 100 '=' followed by step: or "
+            "'Running Python' lines)")
 
 
 def _json_run(data: bytes, path: str | Path) -> RunRecord | None:
@@ -190,7 +224,7 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
         raise SpeedrunError("no paths given: expected training logs, parsed-run .json files or directories")
     found: dict[str, list[RunRecord]] = {}  # group path (as first given) -> runs
     names: dict[str, str] = {}  # absolute directory -> group path as first given
-    skipped: dict[str, list[str]] = {}
+    skipped: dict[str, list[tuple[str, str]]] = {}  # group path -> (file, reason)
     seen: set[str] = set()
     for arg in map(os.fspath, paths):
         given, files, explicit = _expand(arg)
@@ -202,11 +236,11 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
                 known += 1
                 continue
             seen.add(os.path.abspath(file))
-            run = load_run(file)
+            run, reason = _load(file)
             if run is None and explicit:
-                raise SpeedrunError(f"{file}: not a training log or parsed-run .json")
+                raise SpeedrunError(f"{file}: not a training log or parsed-run .json ({reason})")
             if run is None:
-                skipped.setdefault(group_path, []).append(file)
+                skipped.setdefault(group_path, []).append((file, reason))
             else:
                 runs.append(run)
         if not runs and not known:
@@ -247,8 +281,9 @@ def find_duplicates(runs: Sequence[RunRecord]) -> list[tuple[str, DuplicateKind]
 
 
 def _split(path: str, runs: list[RunRecord], dups: list[tuple[str, DuplicateKind] | None],
-           skipped: tuple[str, ...], code_split: CodeSplit) -> list[Group]:
-    """One group, or one per (step count, GPU count[, code version]) when the directory mixes them."""
+           skipped: tuple[tuple[str, str], ...], code_split: CodeSplit) -> list[Group]:
+    """One group, or one per (step count, GPU count[, code version]) when the directory mixes them.
+    ``skipped``: (file, reason) of the directory's files that are not runs."""
     steps = _assign([r.steps for r in runs])
     gpus = _assign([r.gpu_count for r in runs])
     codes = _assign([r.code_hash for r in runs]) if code_split == "split" else [None] * len(runs)
@@ -262,7 +297,8 @@ def _split(path: str, runs: list[RunRecord], dups: list[tuple[str, DuplicateKind
         suffix = _suffix(key, split)
         out.append(Group(name=f"{path}{suffix}", path=path, slug=suffix, runs=tuple(runs[i] for i in idx),
                          split_reason=reason, duplicate_of=tuple(dups[i] and dups[i][0] for i in idx),
-                         duplicate_kind=tuple(dups[i] and dups[i][1] for i in idx), skipped=skipped,
+                         duplicate_kind=tuple(dups[i] and dups[i][1] for i in idx),
+                         skipped=tuple(f for f, _ in skipped), skip_reasons=tuple(r for _, r in skipped),
                          code_split=code_split))
     return out
 

@@ -56,17 +56,21 @@ def _zoom_from(steps: pd.Series, zoom_last_fraction: float) -> float:
 def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_fraction: float) -> None:
     """val_loss against step, one line per run coloured by variant; right panel: the last part zoomed.
 
-    ``curves``: one row per validation line with columns variant, seed, step, val_loss.
+    ``curves``: one row per validation line with columns variant, step, val_loss and run (the run's row in the
+    run table: one line per run, also when seeds are unknown, as in the public logs, or repeated).
     """
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     variants = list(dict.fromkeys(curves["variant"]))
     colors = _colors(variants)
     for ax, zoom in zip(axes, (False, True)):
-        for (variant, seed), run in curves.groupby(["variant", "seed"], sort=False, dropna=False):
+        labelled = set()
+        for _, run in curves.groupby("run", sort=False):
+            variant = run["variant"].iloc[0]
             # each run's own last part: a shorter (or truncated) run is zoomed too, not dropped
             part = run[run["step"] >= _zoom_from(run["step"], zoom_last_fraction)] if zoom else run
-            label = variant if seed == curves[curves["variant"] == variant]["seed"].iloc[0] else None
+            label = None if variant in labelled else variant
+            labelled.add(variant)
             ax.plot(part["step"], part["val_loss"], color=colors[variant], alpha=0.8, marker=".", label=label)
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
         ax.set_xlabel("step")

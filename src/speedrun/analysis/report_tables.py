@@ -118,14 +118,23 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
     return lines
 
 
+def _run_name(r: Any) -> str:
+    """A run in the list of incomplete runs: ``variant seed S``, or ``variant <file>`` when the seed is unknown
+    (public logs have none)."""
+    if r.seed is None or (isinstance(r.seed, float) and math.isnan(r.seed)):
+        return f"{r.variant} {r.file if isinstance(r.file, str) else 'run without seed or file'}"
+    seed = int(r.seed) if isinstance(r.seed, float) and r.seed.is_integer() else r.seed   # NaN made the column float
+    return f"{r.variant} seed {seed}"
+
+
 def runs_lines(runs: pd.DataFrame) -> list[str]:
-    """The run table and the incomplete runs."""
+    """The run table and the incomplete runs (named by seed, or by file when the seed is unknown)."""
     lines = md_table(["variant", "seed", "status", "val_loss", "train_time (s)", "steps"], [
         [r.variant, r.seed, r.status, _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps] for r in runs.itertuples()])
     incomplete = runs[runs["status"] != "complete"]
     if len(incomplete):
         lines += ["", f"**{len(incomplete)} incomplete run(s)**, not counted: " + ", ".join(
-            f"{r.variant} seed {r.seed} ({r.status})" for r in incomplete.itertuples())]
+            f"{_run_name(r)} ({r.status})" for r in incomplete.itertuples())]
     return lines
 
 

@@ -9,6 +9,7 @@ runs' provenance, and the runs that were not counted. Comparisons: :mod:`speedru
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from speedrun.analysis.groups import run_label
@@ -71,7 +72,8 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def stats_table(results: Sequence["GroupStats"]) -> str:
-    """The console table of ``speedrun stats``: one row per group, then notes (splits, incomplete runs...)."""
+    """The console table of ``speedrun stats``: one row per group, then notes (splits, incomplete runs...,
+    and the skipped files that look like logs: :func:`skipped_notes`)."""
     target = results[0].target if results else 0.0
     alpha = results[0].alpha if results else 0.0
     power = results[0].power.power if results else 0.0
@@ -99,7 +101,23 @@ def _notes(results: Sequence["GroupStats"]) -> list[str]:
         notes += [f"{g.name}: duplicate ({g.duplicate_kinds[f]}), counted once: {f} = {orig}"
                   for f, orig in g.duplicates.items()]
         notes += [f"{g.name}: warning: {w}" for w in g.warnings()]
+    notes += skipped_notes(results)
     return [""] + notes if notes else []
+
+
+LOG_SUFFIXES = (".txt", ".log")
+
+
+def skipped_notes(results: Sequence["GroupStats"]) -> list[str]:
+    """``skipped: <path>: <reason>`` for each skipped file that looks like a log (``.txt``/``.log``, also
+    compressed, e.g. ``.txt.gz``), once even when its directory was split into several groups; README.md,
+    statistics.md and the CSVs beside parsed runs stay quiet."""
+    seen: dict[str, str] = {}
+    for s in results:
+        for file, reason in zip(s.group.skipped, s.group.skip_reasons):
+            if any(x.lower() in LOG_SUFFIXES for x in Path(file).suffixes):
+                seen.setdefault(file, reason or "not a training log or parsed-run .json")
+    return [f"skipped: {file}: {reason}" for file, reason in seen.items()]
 
 
 def _summary_rows(s: "GroupStats") -> list[list[str]]:

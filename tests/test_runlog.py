@@ -1,0 +1,59 @@
+"""runlog.code_version: git_commit and git_dirty of the work tree that holds the code."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from speedrun.runlog import code_version
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
+                           "-c", "commit.gpgsign=false", *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("y = 2\n")
+    _git(tmp_path, "add", "code.py", "pkg/mod.py")
+    _git(tmp_path, "commit", "-q", "-m", "first")
+    return tmp_path
+
+
+@needs_git
+def test_clean_tree_gives_head_and_not_dirty(repo):
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert code_version(repo / "pkg") == {"git_commit": head, "git_dirty": "false"}
+
+
+@needs_git
+def test_untracked_files_do_not_make_the_tree_dirty(repo, tmp_path_factory):
+    (repo / "my_config.yaml").write_text("steps: 4\n")
+    venv = tmp_path_factory.mktemp("venv")
+    (repo / ".venv").symlink_to(venv)                       # a symlinked .venv, as in a user's checkout
+    (repo / "pkg" / "scratch.py").write_text("z = 3\n")
+    assert _git(repo, "status", "--porcelain").strip()       # git itself lists them
+    assert code_version(repo)["git_dirty"] == "false"
+
+
+@needs_git
+@pytest.mark.parametrize("change", ["modified", "staged", "deleted"])
+def test_tracked_changes_make_the_tree_dirty(repo, change):
+    (repo / "my_config.yaml").write_text("steps: 4\n")
+    if change == "deleted":
+        (repo / "code.py").unlink()
+    else:
+        (repo / "code.py").write_text("x = 2\n")
+    if change == "staged":
+        _git(repo, "add", "code.py")
+    assert code_version(repo)["git_dirty"] == "true"
+
+
+def test_outside_a_work_tree_gives_nothing(tmp_path):
+    assert code_version(tmp_path) == {}
