@@ -149,3 +149,24 @@ def test_reference_bundle_reproduces_the_published_rows(tmp_path):
         if re.match(r"^\| (val_loss mean|train_time mean \(ms\)) \|", line):
             cells = line.split("|")[2:]
             assert "|" + "|".join(cells) in ours, line
+
+
+def test_only_bundles_the_files_listed(tmp_path):
+    """`--only` (the workflow's configured seeds): a stale run of a removed seed is neither copied nor counted."""
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79, 6.83], 0.04)
+    only = [str(base / f"seed{i}.json") for i in (0, 1)] + [str(cand / f"seed{i}.json") for i in (0, 1, 2)]
+    out = tmp_path / "out" / "record"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(out),
+                     "--target", "7", "--only", *only]) == 0
+    assert sorted(p.name for p in (out / "baseline").iterdir()) == ["seed0.txt", "seed1.txt", "statistics.md"]
+    assert sorted(p.name for p in (out / "candidate").iterdir()) == ["seed0.txt", "seed1.txt", "seed2.txt",
+                                                                     "statistics.md"]
+    [base_stats] = compute_stats([str(out / "baseline")], target=7.0)
+    assert base_stats.val_loss.n == 2 and base_stats.val_loss.mean == pytest.approx((6.90 + 6.95) / 2)
+    stray = tmp_path / "x.json"
+    stray.write_text("{}")
+    with pytest.raises(SpeedrunError, match="not a file of the paths given"):
+        build_bundle(str(base), str(cand), tmp_path / "other", target=7.0, only=[str(stray)])
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(tmp_path / "o2"),
+                     "--target", "-1"]) == 2

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from speedrun import cli
+from speedrun.analysis.comparison_tables import comparison_markdown, comparison_rows, comparison_text
 from speedrun.analysis.groups import Group
 from speedrun.analysis.tests import speedup, welch_ci, welch_dof, welch_test
 from speedrun.compare import compare_groups, one_group
@@ -170,3 +171,79 @@ def test_times_in_ms_or_s_give_the_same_test(base_ms, cand_ms):
     out = compare_groups(b, c).to_json()
     assert out["train_time"]["difference"] == pytest.approx((np.mean(cand_ms) - np.mean(base_ms)) / 1000, abs=1e-9)
     assert out["train_time"]["p_value"] == pytest.approx(ms.p_value, rel=1e-9, abs=1e-300)
+
+
+def test_runs_not_counted_are_listed_in_every_output(tmp_path, capsys):
+    """A side's diverged and truncated runs are named with their reason in the table, the JSON and the
+    Markdown; a side with diverged runs only says why it has n=0."""
+    base, cand = tmp_path / "baseline", tmp_path / "candidate"
+    make_runs(base, [(0, "diverged", "cpu", 6.9, 100.0), (1, "diverged", "cpu", 6.9, 100.0)])
+    make_runs(cand, [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                     (2, "complete", "cpu", 6.79, 92.0), (3, "diverged", "cpu", 6.9, 90.0),
+                     (4, "truncated", "cpu", 6.9, 90.0)])
+    out_json, out_md = tmp_path / "cmp.json", tmp_path / "cmp.md"
+    assert cli.main(["compare", str(base), str(cand), "--json-out", str(out_json), "--markdown-out", str(out_md)]) == 0
+    printed = capsys.readouterr().out
+    diverged, truncated = "run diverged: non-finite train_loss at step 2", "log ends at step 3 of 4 without the " \
+                                                                           "final val_loss line"
+    expected = {"baseline": [{"file": str(base / f"seed{s}.txt"), "status": "diverged", "last_step": 2,
+                              "reason": diverged} for s in (0, 1)],
+                "candidate": [{"file": str(cand / "seed3.txt"), "status": "diverged", "last_step": 2,
+                               "reason": diverged},
+                              {"file": str(cand / "seed4.txt"), "status": "truncated", "last_step": 3,
+                               "reason": truncated}]}
+    c = json.loads(out_json.read_text())
+    assert (c["n_baseline"], c["n_candidate"]) == (0, 3) and c["incomplete"] == expected
+    assert re.search(r"^n\s+0 \(2 diverged not counted\)\s+3 \(1 diverged, 1 truncated not counted\)\s", printed, re.M)
+    for side, runs in expected.items():
+        for r in runs:
+            assert f"not counted: {side}: {r['status']}: {r['file']} ({r['reason']})" in printed.splitlines()
+    md = out_md.read_text().splitlines()
+    assert "## Runs not counted" in md
+    assert f"| baseline | seed1 | diverged | 2 | {diverged} |" in md
+    assert f"| candidate | seed4 | truncated | 3 | {truncated} |" in md
+
+
+def test_complete_sides_list_nothing_not_counted(tmp_path):
+    make_runs(tmp_path / "b", [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0)])
+    make_runs(tmp_path / "c", [(0, "complete", "cpu", 6.7, 90.0), (1, "complete", "cpu", 6.6, 90.0)])
+    c = compare_groups(one_group(str(tmp_path / "b"), "B"), one_group(str(tmp_path / "c"), "C"))
+    assert c.to_json()["incomplete"] == {"baseline": [], "candidate": []}
+    assert "not counted" not in comparison_text(c) and "Runs not counted" not in comparison_markdown(c)
+    assert comparison_rows(c)[0][:3] == ["n", "2", "2"]
+
+
+@pytest.mark.parametrize("target", ["-1", "0", "inf", "nan"])
+def test_compare_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
+    """The check `speedrun stats` makes (speedrun.stats.check_target), with its message."""
+    make_runs(tmp_path / "b", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    make_runs(tmp_path / "c", [(i, "complete", "cpu", v, 90.0) for i, v in enumerate([6.8, 6.85, 6.75])])
+    assert cli.main(["compare", str(tmp_path / "b"), str(tmp_path / "c"), "--target", target]) == 2
+    err = capsys.readouterr().err
+    assert f"--target {float(target)}: expected a val_loss above 0 (cross-entropy in nats per token" in err
+    assert cli.main(["stats", str(tmp_path / "b"), "--target", target]) == 2
+    assert capsys.readouterr().err.split("error: ", 1)[1] == err.split("error: ", 1)[1]
+
+
+def test_compare_only_reads_the_files_given(tmp_path, capsys):
+    """--only: each side keeps its folder's name but counts only the files listed (the workflow's configured
+    seeds); a stale run in the folder (seed 9, far lower val_loss) is not read."""
+    base, cand = tmp_path / "baseline", tmp_path / "candidate"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0),
+                     (9, "complete", "cpu", 1.00, 50.0)])
+    make_runs(cand, [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                     (9, "diverged", "cpu", 6.9, 90.0)])
+    only = [str(base / "seed0.txt"), str(base / "seed1.txt"), str(cand / "seed0.txt"), str(cand / "seed1.txt")]
+    out = tmp_path / "cmp.json"
+    assert cli.main(["compare", str(base), str(cand), "--only", *only, "--json-out", str(out)]) == 0
+    c = json.loads(out.read_text())
+    assert (c["baseline"], c["candidate"], c["n_baseline"], c["n_candidate"]) == (str(base), str(cand), 2, 2)
+    assert c["val_loss"]["mean_baseline"] == pytest.approx(np.mean([6.90, 6.95]))
+    assert c["incomplete"] == {"baseline": [], "candidate": []}
+    assert cli.main(["compare", str(base), str(cand), "--only", str(tmp_path / "elsewhere.txt")]) == 2
+    assert "--only " + str(tmp_path / "elsewhere.txt") + ": no such file" in capsys.readouterr().err
+    make_runs(tmp_path / "other", [(0, "complete", "cpu", 6.9, 100.0)])
+    assert cli.main(["compare", str(base), str(cand), "--only", *only, str(tmp_path / "other" / "seed0.txt")]) == 2
+    assert "not a file of the paths given" in capsys.readouterr().err
+    assert cli.main(["compare", str(base), str(cand), "--only", *only[:2]]) == 2
+    assert f"{cand}: holds none of the files given with --only" in capsys.readouterr().err

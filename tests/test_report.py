@@ -263,3 +263,19 @@ def test_report_out_dir_that_is_a_file_is_one_line(paths, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == f"speedrun report: error: {afile}: exists and is not a folder (File exists)\n"
     assert afile.read_text() == "keep\n"
+
+
+def test_unknown_baseline_is_refused_naming_the_variants(paths, tmp_path, capsys):
+    from speedrun import cli
+
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    out = tmp_path / "report"
+    argv = ["report", "--runs", *map(str, paths), "--summary", str(tmp_path / "summary.json"), "--baseline", "nosuch",
+            "--target", "6.5", "--out-dir", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--baseline nosuch: not a variant of the runs given; expected one of baseline, candidate" in err
+    assert not out.exists()
+    with pytest.raises(SpeedrunError, match=r"--baseline candidat: .* baseline, candidate$"):
+        report.check_baseline("candidat", ["baseline", "candidate"])
+    report.check_baseline("candidate", ["baseline", "candidate"])

@@ -451,3 +451,30 @@ def test_stats_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
     assert cli.main(["stats", str(tmp_path / "g"), "--target", target]) == 2
     err = capsys.readouterr().err
     assert f"--target {float(target)}: expected a val_loss above 0" in err
+
+
+def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys, monkeypatch):
+    """`speedrun stats baseline candidate --only ...` in the parse folder (as the workflow runs it): the groups
+    keep the folders' names and slugs, and a stale run (seed 9, no longer configured) is not read, not even
+    listed as skipped."""
+    make_runs(tmp_path / "baseline", [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.96, 102.0),
+                                      (2, "complete", "cpu", 6.87, 98.0), (9, "complete", "cpu", 1.00, 10.0)])
+    make_runs(tmp_path / "candidate", [(0, "complete", "cpu", 6.80, 90.0), (9, "diverged", "cpu", 6.9, 90.0)])
+    monkeypatch.chdir(tmp_path)
+    only = ["baseline/seed0.txt", "baseline/seed1.txt", "baseline/seed2.txt", "candidate/seed0.txt"]
+    assert cli.main(["stats", "baseline", "candidate", "--only", *only, "--target", "7", "--json",
+                     "--markdown-dir", "stats"]) == 0
+    base, cand = json.loads(capsys.readouterr().out)
+    assert (base["group"], base["slug"], cand["group"], cand["slug"]) == ("baseline", "baseline", "candidate",
+                                                                          "candidate")
+    assert [r["file"] for r in base["runs"]] == only[:3] and [r["file"] for r in cand["runs"]] == only[3:]
+    assert base["n"] == 3 and base["val_loss_mean"] == pytest.approx(np.mean([6.90, 6.96, 6.87]), abs=1e-12)
+    assert base["p_value"] == pytest.approx(sps.ttest_1samp([6.90, 6.96, 6.87], 7.0, alternative="less").pvalue)
+    assert cand["n"] == 1 and cand["incomplete"] == {} and base["skipped_files"] == []
+    assert sorted(p.parent.name for p in (tmp_path / "stats").glob("*/statistics.md")) == ["baseline", "candidate"]
+    [g] = collect_runs(["baseline"], only=only)        # the files of other paths are left alone
+    assert len(g.runs) == 3
+    with pytest.raises(SpeedrunError, match="--only candidate/seed0.txt: not a file of the paths given"):
+        stats_stage.compute_stats(["baseline"], only=only)
+    with pytest.raises(SpeedrunError, match="--only baseline/seed5.txt: no such file"):
+        stats_stage.compute_stats(["baseline"], only=["baseline/seed5.txt"])

@@ -166,6 +166,29 @@ def test_adding_a_seed_adds_one_run(workflow, micro_config):
     assert not {"corpus", "tokenize", "bos_index"} & jobs.keys()
 
 
+def test_removed_seed_is_counted_nowhere(workflow, micro_config, tmp_path):
+    """A seed removed from the config leaves its parsed run in results/parse/<variant>/; stats, compare and the
+    report (run for real in a copy of the finished workflow) count the configured runs only, all with one n."""
+    work = tmp_path / "copy"
+    shutil.copytree(workflow, work, symlinks=True)  # copy2: the mtimes, so only what the edit touches reruns
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["baseline"]["seeds"] = [0]
+    _write_config(work, cfg)
+    assert _planned_jobs(_snakemake(work, "-n", "report")) == {"stats": 1, "compare": 2, "report": 1}
+    _snakemake(work, "report")
+    assert (work / "results/parse/baseline/seed1.json").is_file()  # stale, still there
+    summary = {g["group"]: g for g in json.loads((work / "results/stats/summary.json").read_text())}
+    assert summary["baseline"]["n"] == 1 and [r["seed"] for r in summary["baseline"]["runs"]] == [0]
+    assert summary["baseline"]["slug"] == "baseline" and summary["candidate"]["n"] == 2
+    assert "1 complete runs" in (work / "results/stats/baseline/statistics.md").read_text()
+    for candidate in ("candidate", "unstable"):
+        c = json.loads((work / f"results/stats/compare/{candidate}.json").read_text())
+        assert (c["baseline"], c["candidate"], c["n_baseline"]) == ("baseline", candidate, 1)
+    runs = (work / "results/report/runs.csv").read_text().splitlines()
+    assert sum(line.startswith("baseline,") for line in runs) == 1
+    assert re.search(r"^\| baseline \| 1 \|", (work / "results/report/summary.md").read_text(), re.M)
+
+
 def test_changing_report_options_reruns_only_the_report(workflow, micro_config):
     jobs = _planned_jobs(_plan_with(workflow, micro_config,
                                     lambda cfg: cfg["report"].update(zoom_last_fraction=0.25), "report"))

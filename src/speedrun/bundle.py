@@ -28,20 +28,24 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
-from speedrun.analysis.groups import CodeSplit, Group
+from speedrun.analysis.groups import CodeSplit, Group, check_only
 from speedrun.analysis.provenance import sha256
 from speedrun.atomic import write_text
 from speedrun.compare import Comparison, compare_groups, one_group
 from speedrun.errors import SpeedrunError
-from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, group_stats
+from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, check_alpha, check_target, group_stats
 
 SIDES = ("baseline", "candidate")
 
 
 def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, target: float = DEFAULT_TARGET,
-                 alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool") -> Path:
-    """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``.
+                 alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool",
+                 only: Sequence[str] | None = None) -> Path:
+    """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``
+    (with ``only``, just the files listed there, as ``speedrun compare --only``: the workflow passes the
+    configured seeds, so that a stale run of a removed seed is not bundled).
 
     Returns the folder's path.
 
@@ -52,7 +56,9 @@ def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, 
     final = Path(out)
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
         raise SpeedrunError(f"--out {final}: exists and is not an empty folder; choose a new folder")
-    sources = {side: one_group(path, side.upper(), code_split) for side, path in zip(SIDES, (baseline, candidate))}
+    check_only([baseline, candidate], only)
+    sources = {side: one_group(path, side.upper(), code_split, only)
+               for side, path in zip(SIDES, (baseline, candidate))}
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=final.parent))
     try:
@@ -141,12 +147,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
     parser.add_argument("--split-code", action="store_true",
                         help="split a side by code version too (it must then hold one version)")
+    parser.add_argument("--only", nargs="+", metavar="FILE",
+                        help="bundle only these files of --baseline and --candidate (the workflow passes the "
+                             "configured seeds)")
 
 
 def main(args: argparse.Namespace) -> int:
-    if not 0 < args.alpha < 1:
-        raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    check_alpha(args.alpha)
+    check_target(args.target)
     out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
-                       title=args.title, code_split="split" if args.split_code else "pool")
+                       title=args.title, code_split="split" if args.split_code else "pool", only=args.only)
     print(f"bundle written to {out}")
     return 0

@@ -1,11 +1,12 @@
 """Stage ``compare``: a candidate group of runs against a baseline group (Welch t-tests, CIs, speedup).
 
-``speedrun compare BASELINE CANDIDATE [--target T] [--alpha 0.01] [--split-code] [--json-out FILE]
-[--markdown-out FILE] [--json]``
+``speedrun compare BASELINE CANDIDATE [--target T] [--alpha 0.01] [--split-code] [--only FILE...]
+[--json-out FILE] [--markdown-out FILE] [--json]``
 
-Each side is a path as in ``speedrun stats`` that must resolve to exactly one group. Tests (Welch 1947; the
-record rules ask a candidate to be faster than the prior record, README L207-226, and the 2026-05-07 verifier
-uses a one-sided Welch test on times):
+Each side is a path as in ``speedrun stats`` that must resolve to exactly one group (``--only``: just the files
+listed, as in ``speedrun stats``). Runs that are not complete (diverged, failed, truncated) are listed per side
+with their reason, never counted. Tests (Welch 1947; the record rules ask a candidate to be faster than the
+prior record, README L207-226, and the 2026-05-07 verifier uses a one-sided Welch test on times):
 
 * val_loss, H1: the candidate's mean val_loss is lower, ``ttest_ind(cand, base, equal_var=False,
   alternative="less")``;
@@ -24,14 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from speedrun.analysis.groups import CodeSplit, Group, collect_runs
+from speedrun.analysis.groups import CodeSplit, Group, check_only, collect_runs
+from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.rules import RuleCheck, check_rules, violations
 from speedrun.analysis.tests import Speedup, WelchTest, ZRule, speedup, welch_test, z_rule
 from speedrun.atomic import write_json, write_text
 from speedrun.errors import SpeedrunError
-from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, strict_json
+from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, check_alpha, check_target, strict_json
 
 CONFIDENCE = 0.95
 
@@ -42,7 +44,7 @@ class Comparison:
     each side's z-rule at ``target`` (``None`` without a target), and the rules check.
 
     ``warnings`` flags what makes the comparison doubtful: violated rules, runs shared by both sides, runs
-    without timing.
+    without timing. :attr:`incomplete` lists each side's runs that are not counted for their status.
     """
 
     baseline: Group
@@ -55,6 +57,13 @@ class Comparison:
     z_rules: tuple[ZRule, ZRule] | None
     rules: tuple[RuleCheck, ...]
     warnings: tuple[str, ...]
+
+    @property
+    def incomplete(self) -> dict[str, tuple[RunRecord, ...]]:
+        """``baseline``/``candidate`` -> the side's runs that are not complete (diverged, failed, truncated), in
+        file order: listed with their ``reason``, never counted (as ``speedrun stats`` lists them)."""
+        return {side: tuple(r for r in g.runs if r.status != "complete")
+                for side, g in (("baseline", self.baseline), ("candidate", self.candidate))}
 
     def to_json(self) -> dict[str, Any]:
         """The comparison as JSON (``results/stats/compare/<candidate>.json``); times in seconds."""
@@ -73,6 +82,8 @@ class Comparison:
             "rules": [r.to_json() for r in self.rules],
             "rules_ok": all(r.status != "violation" for r in self.rules),
             "warnings": list(self.warnings),
+            "incomplete": {side: [{"file": r.file, "status": r.status, "last_step": r.last_step, "reason": r.reason}
+                                  for r in runs] for side, runs in self.incomplete.items()},
         })
 
 
@@ -108,13 +119,14 @@ def compare_groups(baseline: Group, candidate: Group, alpha: float = DEFAULT_ALP
         warnings=tuple(warnings))
 
 
-def one_group(path: str, side: str, code_split: CodeSplit = "pool") -> Group:
-    """The single group at ``path`` (``side`` names it in errors; ``code_split`` as in ``collect_runs``).
+def one_group(path: str, side: str, code_split: CodeSplit = "pool", only: Sequence[str] | None = None) -> Group:
+    """The single group at ``path`` (``side`` names it in errors; ``code_split`` and ``only`` as in
+    ``collect_runs``: with ``only``, just the files listed there).
 
     Raises:
         SpeedrunError: the path resolves to several groups (e.g. a directory split by step count) or none.
     """
-    groups = collect_runs([path], code_split)
+    groups = collect_runs([path], code_split, only)
     if len(groups) != 1:
         names = ", ".join(g.name for g in groups)
         reason = groups[0].split_reason if groups else "no runs"
@@ -134,6 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="split a side by code version too (it must then hold one version)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
+    parser.add_argument("--only", nargs="+", metavar="FILE",
+                        help="read only these files of BASELINE and CANDIDATE (a directory keeps its name; the "
+                             "workflow passes the configured seeds)")
     parser.add_argument("--json-out", metavar="FILE", help="also write the comparison as JSON to FILE")
     parser.add_argument("--markdown-out", metavar="FILE", help="also write the comparison as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -142,11 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from speedrun.analysis.comparison_tables import comparison_markdown, comparison_text
 
-    if not 0 < args.alpha < 1:
-        raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
+    check_alpha(args.alpha)
+    if args.target is not None:
+        check_target(args.target)
+    check_only([args.baseline, args.candidate], args.only)
     split: CodeSplit = "split" if args.split_code else "pool"
-    result = compare_groups(one_group(args.baseline, "BASELINE", split), one_group(args.candidate, "CANDIDATE", split),
-                            args.alpha, args.target)
+    result = compare_groups(one_group(args.baseline, "BASELINE", split, args.only),
+                            one_group(args.candidate, "CANDIDATE", split, args.only), args.alpha, args.target)
     if args.json_out:
         write_json(args.json_out, result.to_json())
     if args.markdown_out:

@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.runs]
     runs, curves = load_runs(paths)
+    check_baseline(args.baseline, list(dict.fromkeys(runs["variant"])))
     records = read_records(paths)
     summary = read_summary(Path(args.summary))
     comparisons = [_read_json(Path(p)) for p in args.comparisons]
@@ -72,6 +73,17 @@ def main(args: argparse.Namespace) -> int:
     plot_p_value_by_n(summary, out / "p_value_by_n.png", args.alpha)
     print(f"report written to {out}")
     return 0
+
+
+def check_baseline(baseline: str, variants: Sequence[str]) -> None:
+    """Refuse a ``--baseline`` that is none of ``variants`` (the folders of the ``--runs`` records).
+
+    Raises:
+        SpeedrunError: naming the baseline and the known variants.
+    """
+    if baseline not in variants:
+        raise SpeedrunError(f"--baseline {baseline}: not a variant of the runs given; expected one of "
+                            f"{', '.join(variants)}")
 
 
 def _read_json(path: Path) -> Any:

@@ -1,15 +1,15 @@
 """Stage ``stats``: per group of runs, val_loss and train_time statistics and the record-rule t-test.
 
-``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--split-code] [--json] [--json-out FILE]
-[--markdown-dir DIR]``
+``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--split-code] [--only FILE...] [--json]
+[--json-out FILE] [--markdown-dir DIR]``
 
 Each PATH is a training log, a parsed-run ``.json`` or a directory of them (grouping:
-:mod:`speedrun.analysis.groups`; ``--split-code`` also splits by code version). Only complete, non-duplicate
-runs are counted in ``n``; incomplete runs (diverged, failed, truncated) and duplicates are listed. The test is
-the record rule (modded-nanogpt README L207-220): one-sided ``scipy.stats.ttest_1samp(val_loss, target,
-alternative="less")``, met when ``p < alpha`` with at least 3 counted runs; next to p, the runs needed for
-``p < alpha`` at the observed mean and std (:mod:`speedrun.analysis.power`). Output layout: docs/formats.md
-"Statistics".
+:mod:`speedrun.analysis.groups`; ``--split-code`` also splits by code version; ``--only`` reads just the files
+listed). Only complete, non-duplicate runs are counted in ``n``; incomplete runs (diverged, failed, truncated)
+and duplicates are listed. The test is the record rule (modded-nanogpt README L207-220): one-sided
+``scipy.stats.ttest_1samp(val_loss, target, alternative="less")``, met when ``p < alpha`` with at least 3
+counted runs; next to p, the runs needed for ``p < alpha`` at the observed mean and std
+(:mod:`speedrun.analysis.power`). Output layout: docs/formats.md "Statistics".
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedrun.analysis.groups import CodeSplit, Group, collect_runs
+from speedrun.analysis.groups import CodeSplit, Group, check_only, collect_runs
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.power import MIN_RUNS, PowerEstimate, p_value_curve, power_estimate
 from speedrun.analysis.tests import OneSampleTest, Summary, ZRule, one_sample_less, summarize, z_rule
@@ -137,14 +137,38 @@ def group_stats(group: Group, target: float = DEFAULT_TARGET, alpha: float = DEF
 
 
 def compute_stats(paths: Sequence[str], target: float = DEFAULT_TARGET, alpha: float = DEFAULT_ALPHA,
-                  code_split: CodeSplit = "pool") -> list[GroupStats]:
-    """Group the runs at ``paths`` (``code_split``: see :mod:`speedrun.analysis.groups`) and compute each
-    group's statistics.
+                  code_split: CodeSplit = "pool", only: Sequence[str] | None = None) -> list[GroupStats]:
+    """Group the runs at ``paths`` (``code_split``, ``only``: see :mod:`speedrun.analysis.groups`) and compute
+    each group's statistics.
 
     Raises:
-        SpeedrunError: as :func:`speedrun.analysis.groups.collect_runs`.
+        SpeedrunError: as :func:`speedrun.analysis.groups.collect_runs` and
+            :func:`~speedrun.analysis.groups.check_only`.
     """
-    return [group_stats(g, target, alpha) for g in collect_runs(paths, code_split)]
+    check_only(paths, only)
+    return [group_stats(g, target, alpha) for g in collect_runs(paths, code_split, only)]
+
+
+def check_alpha(alpha: float) -> None:
+    """Refuse a significance level outside (0, 1) (``--alpha`` of ``speedrun stats`` and ``compare``).
+
+    Raises:
+        SpeedrunError: naming the value.
+    """
+    if not 0 < alpha < 1:
+        raise SpeedrunError(f"--alpha {alpha}: expected a level between 0 and 1")
+
+
+def check_target(target: float) -> None:
+    """Refuse a val_loss target that no cross-entropy can be compared with: 0, negative, infinite or NaN
+    (``--target`` of ``speedrun stats`` and ``compare``).
+
+    Raises:
+        SpeedrunError: naming the value.
+    """
+    if not 0 < target < math.inf:
+        raise SpeedrunError(f"--target {target}: expected a val_loss above 0 (cross-entropy in nats per "
+                            f"token, e.g. {DEFAULT_TARGET})")
 
 
 def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
@@ -169,18 +193,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-code", action="store_true",
                         help="also split a directory by code version (hash of the code dump; default: pool them "
                              "and list the versions, as the published figures do)")
+    parser.add_argument("--only", nargs="+", metavar="FILE",
+                        help="read only these files of the PATHs (a directory keeps its group name; the workflow "
+                             "passes the configured seeds)")
     parser.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     parser.add_argument("--json-out", metavar="FILE", help="also write the JSON list to FILE (summary.json)")
     parser.add_argument("--markdown-dir", metavar="DIR", help="also write DIR/<group>/statistics.md per group")
 
 
 def main(args: argparse.Namespace) -> int:
-    if not 0 < args.alpha < 1:
-        raise SpeedrunError(f"--alpha {args.alpha}: expected a level between 0 and 1")
-    if not 0 < args.target < math.inf:
-        raise SpeedrunError(f"--target {args.target}: expected a val_loss above 0 (cross-entropy in nats per "
-                            f"token, e.g. {DEFAULT_TARGET})")
-    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool")
+    check_alpha(args.alpha)
+    check_target(args.target)
+    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool", args.only)
     objects = [s.to_json() for s in results]
     if args.json_out:
         write_json(args.json_out, objects)

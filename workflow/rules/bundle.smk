@@ -15,8 +15,9 @@ rule bundle:
         target=config["stats"]["target"],
         alpha=config["stats"]["alpha"],
         baseline=BASELINE,
+        only=lambda wildcards, input: " ".join([*input.baseline, *input.candidate]),
     log:
         "logs/bundle/{variant}.log",
     shell:
         "speedrun bundle --baseline results/parse/{params.baseline} --candidate results/parse/{wildcards.variant} "
-        "--target {params.target} --alpha {params.alpha} --out {output} > {log} 2>&1"
+        "--only {params.only} --target {params.target} --alpha {params.alpha} --out {output} > {log} 2>&1"

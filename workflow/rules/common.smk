@@ -251,6 +251,17 @@ def get_parsed(kind, variant=None):
     return [f"results/parse/{v}/seed{s}.{kind}" for v in variants for s in get_seeds(v)]
 
 
+def in_parse_dir(paths):
+    """`paths` relative to results/parse, where the stats and compare rules run `speedrun` (so that each
+    variant's group is named after its folder)."""
+    return [os.path.relpath(p, "results/parse") for p in paths]
+
+
+def get_compare_records(wildcards):
+    """The configured runs of the baseline and of the candidate, relative to results/parse (`--only`)."""
+    return in_parse_dir(get_parsed("json", BASELINE) + get_candidate_records(wildcards))
+
+
 def get_candidate_records(wildcards):
     if wildcards.variant == BASELINE:
         raise ValueError(f"variant {BASELINE!r} is the baseline: it is not compared with itself")

@@ -1,5 +1,6 @@
 # Stage 6b: each candidate against the baseline: Welch t-tests on val_loss and train_time, differences of
 # the means with 95% confidence intervals, and the record rules check (same data, world size, GPUs, flags).
+# Over the configured seeds only (--only), as stats.
 
 
 rule compare:
@@ -14,9 +15,11 @@ rule compare:
         alpha=config["stats"]["alpha"],
         target=config["stats"]["target"],
         baseline=BASELINE,
+        records=get_compare_records,
     log:
         "logs/compare/{variant}.log",
     shell:
-        "cd results/parse && speedrun compare {params.baseline} {wildcards.variant} --alpha {params.alpha} "
+        "cd results/parse && speedrun compare {params.baseline} {wildcards.variant} --only {params.records} "
+        "--alpha {params.alpha} "
         "--target {params.target} "
         "--json-out ../../{output.json} --markdown-out ../../{output.markdown} > ../../{log} 2>&1"

@@ -7,23 +7,34 @@ candidate ``statistics.md`` ends with :func:`vs_baseline_lines`, the "vs baselin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import TYPE_CHECKING, Sequence
 
+from speedrun.analysis.groups import run_label
 from speedrun.analysis.rules import PUBLIC_TARGET
 from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, text_table
 from speedrun.analysis.tests import WelchTest, ZRule
 
 if TYPE_CHECKING:
+    from speedrun.analysis.logs import RunRecord
     from speedrun.compare import Comparison
 
 STATUS_MARK = {"ok": "ok", "violation": "**VIOLATION**", "note": "note", "unknown": "unknown"}
 
 
+def n_cell(n: int, incomplete: Sequence["RunRecord"]) -> str:
+    """Counted runs, and those left out by status: ``3 (1 diverged not counted)``."""
+    by_status = Counter(r.status for r in incomplete)
+    left_out = ", ".join(f"{k} {status}" for status, k in sorted(by_status.items()))
+    return f"{n} ({left_out} not counted)" if left_out else str(n)
+
+
 def comparison_rows(c: "Comparison") -> list[list[str]]:
     """Rows (quantity, baseline, candidate, difference [95% CI], test) of a comparison."""
     v, t = c.val_loss, c.train_time
+    left_out = c.incomplete
     return [
-        ["n", str(v.n_baseline), str(v.n_candidate), DASH, DASH],
+        ["n", n_cell(v.n_baseline, left_out["baseline"]), n_cell(v.n_candidate, left_out["candidate"]), DASH, DASH],
         ["val_loss mean ± std", f"{fmt(v.mean_baseline, 5)} ± {fmt(v.std_baseline, 5)}",
          f"{fmt(v.mean_candidate, 5)} ± {fmt(v.std_candidate, 5)}",
          f"{fmt(v.difference, 5)} [{fmt(v.ci_low, 5)}, {fmt(v.ci_high, 5)}]",
@@ -69,6 +80,19 @@ def _notes(c: "Comparison") -> list[str]:
     return notes
 
 
+def not_counted_lines(c: "Comparison") -> list[str]:
+    """``not counted: candidate: diverged: <file> (<reason>)`` for each side's incomplete run (the console's
+    form of ``speedrun stats``'s notes; the Markdown has a table, :func:`incomplete_rows`)."""
+    return [f"not counted: {side}: {r.status}: {r.file} ({r.reason})"
+            for side, runs in c.incomplete.items() for r in runs]
+
+
+def incomplete_rows(c: "Comparison") -> list[list[str]]:
+    """(side, run, status, last step, reason) rows of the runs not counted, as ``statistics.md`` lists them."""
+    return [[side, run_label(r.file), r.status, DASH if r.last_step is None else str(r.last_step), r.reason or DASH]
+            for side, runs in c.incomplete.items() for r in runs]
+
+
 def rules_rows(c: "Comparison") -> list[list[str]]:
     """(rule, status, detail) rows of the rules check."""
     return [[r.rule, STATUS_MARK[r.status], r.detail] for r in c.rules]
@@ -78,13 +102,14 @@ def comparison_text(c: "Comparison") -> str:
     """The console output of ``speedrun compare``."""
     header = ["", f"baseline {c.baseline.name}", f"candidate {c.candidate.name}", "difference [95% CI]",
               "Welch t-test (one-sided)"]
-    return "\n".join(text_table(header, comparison_rows(c)) + [""] + _notes(c) + ["", "rules check:"]
+    return "\n".join(text_table(header, comparison_rows(c)) + [""] + _notes(c) + not_counted_lines(c)
+                     + ["", "rules check:"]
                      + ["  " + line for line in text_table(["rule", "status", "detail"], rules_rows(c))])
 
 
 def comparison_markdown(c: "Comparison") -> str:
     """``<candidate>.md``: the rule violations first, the Welch tests, differences with 95% CIs, the speedup,
-    the z-rules and the rules check."""
+    the z-rules, the runs not counted (diverged, failed, truncated) and the rules check."""
     lines = [f"# {c.candidate.name} vs {c.baseline.name}", ""]
     bad = [r for r in c.rules if r.status == "violation"]
     if bad:
@@ -96,6 +121,10 @@ def comparison_markdown(c: "Comparison") -> str:
               ""]
     lines += md_table(["", "baseline", "candidate", "difference [95% CI]", "Welch t-test"], comparison_rows(c))
     lines += [""] + [f"- {n}" for n in _notes(c)]
+    left_out = incomplete_rows(c)
+    if left_out:
+        lines += ["", "## Runs not counted", ""] + md_table(["side", "Run", "status", "last step", "reason"],
+                                                             left_out)
     target = "not given" if c.target is None else f"{c.target:g}"
     lines += ["", "## Rules check", "", f"Target {target}; the public metric is 3.28 on 10,485,760 validation "
               "tokens.", ""] + md_table(["rule", "status", "detail"], rules_rows(c))

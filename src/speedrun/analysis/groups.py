@@ -4,7 +4,9 @@ A path given to ``speedrun stats``/``compare`` is a training log, a parsed-run `
 ``speedrun parse``; read instead of re-parsing the log), or a directory of either. A directory contributes its
 own files only (not its subdirectories); files are recognised by content, not by extension (some public logs
 have none, and a directory also holds README.md or statistics.md). Files named on the command line are grouped
-by their parent directory.
+by their parent directory. ``only`` (``--only FILE...``) restricts the files read to those listed: a directory
+keeps its name but contributes only its listed files (the workflow passes the configured seeds, so that the
+parsed run of a seed removed from the config, still in ``results/parse/<variant>/``, is not counted).
 
 A public record directory can mix runs that must not be pooled (speedrun-spec.md 4.3): different total step
 counts (2026-01-26-UntieValueEmbeddings: 1600 and 1575 steps) or GPU counts (single-GPU logs next to 8-GPU ones).
@@ -199,35 +201,43 @@ def _json_run(data: bytes, path: str | Path) -> RunRecord | None:
     return RunRecord.from_json(obj, source=str(path))
 
 
-def _expand(arg: str) -> tuple[str, list[str], bool]:
-    """(group path, files, explicit) for one command-line path; directories list their own files, sorted."""
+def _expand(arg: str, only: frozenset[str] | None = None) -> tuple[str, list[str], bool]:
+    """(group path, files, explicit) for one command-line path; directories list their own files, sorted.
+    With ``only`` (absolute paths), just the files listed there, and they are then explicit."""
     if os.path.isdir(arg):
         name = arg.rstrip("/\\") or arg
         files = sorted(e.path for e in os.scandir(arg) if e.is_file() and not e.name.startswith("."))
+        if only is not None:
+            return name, [f for f in files if os.path.abspath(f) in only], True
         return name, files, False
     if os.path.isfile(arg):
-        return os.path.dirname(arg) or ".", [arg], True
+        return os.path.dirname(arg) or ".", [arg] if only is None or os.path.abspath(arg) in only else [], True
     raise SpeedrunError(f"{arg}: no such file or directory (expected a training log, a parsed-run .json or a "
                         "directory of them)")
 
 
-def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit = "pool") -> list["Group"]:
+def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit = "pool",
+                 only: Sequence[str | os.PathLike[str]] | None = None) -> list["Group"]:
     """Group the runs found at ``paths`` (module docstring): one group per directory, split when needed.
 
-    ``code_split="split"`` also splits a directory by code version. Groups come in the order their
-    directories first appear; split parts by ascending step and GPU count, code versions by first appearance.
+    ``code_split="split"`` also splits a directory by code version. With ``only``, the files read are those
+    of ``only`` that ``paths`` hold (:func:`check_only` says whether every one is held). Groups come in the
+    order their directories first appear; split parts by ascending step and GPU count, code versions by first
+    appearance.
 
     Raises:
-        SpeedrunError: a path does not exist, a file named explicitly is not a run, or a directory holds none.
+        SpeedrunError: a path does not exist, a file named explicitly (or in ``only``) is not a run, or a
+            directory holds none (none of ``only``).
     """
     if not paths:
         raise SpeedrunError("no paths given: expected training logs, parsed-run .json files or directories")
+    wanted = None if only is None else frozenset(os.path.abspath(f) for f in map(os.fspath, only))
     found: dict[str, list[RunRecord]] = {}  # group path (as first given) -> runs
     names: dict[str, str] = {}  # absolute directory -> group path as first given
     skipped: dict[str, list[tuple[str, str]]] = {}  # group path -> (file, reason)
     seen: set[str] = set()
     for arg in map(os.fspath, paths):
-        given, files, explicit = _expand(arg)
+        given, files, explicit = _expand(arg, wanted)
         group_path = names.setdefault(os.path.abspath(given), given)
         runs = found.setdefault(group_path, [])
         known = 0
@@ -243,6 +253,8 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
                 skipped.setdefault(group_path, []).append((file, reason))
             else:
                 runs.append(run)
+        if not runs and not known and wanted is not None:
+            raise SpeedrunError(f"{arg}: holds none of the files given with --only")
         if not runs and not known:
             subfolders = sorted(e.name for e in os.scandir(arg) if e.is_dir()) if os.path.isdir(arg) else []
             hint = (f"; its subfolders {', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''} may: "
@@ -254,6 +266,23 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
         dups = [next(originals) for _ in runs]
         groups += _split(path, runs, dups, tuple(skipped.get(path, ())), code_split)
     return _with_unique_slugs(groups)
+
+
+def check_only(paths: Sequence[str | os.PathLike[str]], only: Sequence[str | os.PathLike[str]] | None) -> None:
+    """Refuse files in ``only`` that do not exist or that no path of ``paths`` holds (the path itself, or a file
+    directly in a directory given): such a file would be silently left out.
+
+    Raises:
+        SpeedrunError: naming the first such file (and the paths).
+    """
+    held = {os.path.abspath(os.fspath(p)) for p in paths}
+    for file in map(os.fspath, only or ()):
+        full = os.path.abspath(file)
+        if not os.path.isfile(full):
+            raise SpeedrunError(f"--only {file}: no such file")
+        if full not in held and os.path.dirname(full) not in held:
+            raise SpeedrunError(f"--only {file}: not a file of the paths given ({', '.join(map(os.fspath, paths))}); "
+                                "expected files in those directories")
 
 
 def find_duplicates(runs: Sequence[RunRecord]) -> list[tuple[str, DuplicateKind] | None]:
