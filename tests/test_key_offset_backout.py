@@ -21,6 +21,7 @@ from speedrun.model.gpt import GPT
 from speedrun.model.rotary import apply_rotary, rotary_frequencies, rotary_table
 from speedrun.optim.config import OptimConfig
 from speedrun.optim.groups import build_optimizers
+from test_value_embed_gates import train_losses
 
 # 3 layers: 0 short, 1 long, 2 long but paired: only layer 1 takes the key offset
 LAYERS = dict(vocab_size=11, n_layer=3, model_dim=16, n_head=2, head_dim=8, rope="half_truncated",
@@ -277,14 +278,7 @@ def _switched_model(backend="reference") -> GPT:
 def test_a_tiny_model_with_both_switches_trains():
     model = _switched_model()
     optimizers = build_optimizers(model, model.parameter_kinds(), OptimConfig())
-    inputs, targets, cu = _batch()
-    losses = []
-    for _ in range(12):
-        loss = model(inputs, targets, cu)
-        loss.backward()
-        optimizers.step()
-        optimizers.zero_grad()
-        losses.append(float(loss.detach()))
+    losses = train_losses(model, optimizers, _batch(), steps=12)
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < losses[0] - 0.5, losses
     assert abs(float(model.backout_lambda.detach()) - 0.5) > 1e-4                # λ trained

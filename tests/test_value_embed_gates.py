@@ -18,6 +18,7 @@ from speedrun.model.gates import ValueEmbedGate
 from speedrun.model.gpt import GPT
 from speedrun.model.rotary import rotary_frequencies, rotary_table
 from speedrun.optim.groups import OptimConfig, build_optimizers, optimizer_kinds
+from test_value_embeddings import _batch as batch, compiled_in_one_graph
 
 F64 = torch.float64
 # 2 heads of 4: the value embedding is 8 wide, x 9 wide (neither is 6 or 12, so slicing errors show)
@@ -159,13 +160,6 @@ def small_gpt(gates: bool, **overrides) -> GPT:
     return model
 
 
-def batch(tokens=24):
-    g = torch.Generator().manual_seed(1)
-    inputs = torch.randint(0, 64, (tokens,), generator=g, dtype=torch.int32)
-    targets = torch.randint(0, 64, (tokens,), generator=g)
-    return inputs, targets, torch.tensor([0, 9, 10, tokens], dtype=torch.int32)
-
-
 @pytest.mark.parametrize("value_lambdas", [False, True])
 def test_at_initialization_the_gated_model_is_the_ungated_one(value_lambdas):
     gated, plain = small_gpt(True, value_lambdas=value_lambdas), small_gpt(False, value_lambdas=value_lambdas)
@@ -233,32 +227,27 @@ def test_a_gated_model_trains_on_a_cpu():
     """Ten steps of both optimizers on one batch (float32): the loss falls and the gates leave zero."""
     model = small_gpt(True).float()
     optimizers = build_optimizers(model, model.parameter_kinds(), OptimConfig())
-    inputs, targets, cu = batch()
-    losses = []
-    for _ in range(10):
-        loss = model(inputs, targets, cu)
-        loss.backward()
-        optimizers.step()
-        optimizers.zero_grad()
-        losses.append(float(loss.detach()))
+    losses = train_losses(model, optimizers, batch(), steps=10)
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.5, losses
     assert model.blocks[0].attn.ve_gate.weight.abs().min() > 0
 
 
 def test_gates_compile_as_one_graph():
-    from torch._dynamo.testing import CompileCounter
-
-    torch._dynamo.reset()
     model = small_gpt(True, value_lambdas=True)
     with torch.no_grad():
         for i in (0, 2):
             model.blocks[i].attn.ve_gate.weight.normal_()
-    counter = CompileCounter()
-    compiled = torch.compile(model, backend=counter, dynamic=False, fullgraph=True)
-    inputs, targets, cu = batch()
-    loss = compiled(inputs, targets, cu)
-    loss.backward()
-    torch._dynamo.reset()
-    assert counter.frame_count == 1
-    torch.testing.assert_close(loss, model(inputs, targets, cu))
+    compiled_in_one_graph(model, batch())
     assert model.blocks[2].attn.ve_gate.weight.grad.abs().min() > 0
+
+
+def train_losses(model, optimizers, batch, steps: int) -> list[float]:
+    """The losses of ``steps`` optimizer steps of ``model`` on one batch (inputs, targets, cu_seqlens)."""
+    losses = []
+    for _ in range(steps):
+        loss = model(*batch)
+        loss.backward()
+        optimizers.step()
+        optimizers.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses

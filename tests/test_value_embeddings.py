@@ -165,19 +165,24 @@ def test_value_lambdas_agree_across_backends_and_train_as_adam_scalars():
     torch.testing.assert_close(other.blocks[1].attn.value_lambdas, torch.tensor([0.4, 1.5], dtype=torch.float64))
 
 
-def test_value_lambdas_compile_as_one_graph():
+def compiled_in_one_graph(model: GPT, batch) -> None:
+    """Compile ``model`` (fullgraph, static shapes), run forward and backward on ``batch``: one graph, the
+    eager loss; the gradients are left on the parameters."""
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
-    model = _small_gpt(True)
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter, dynamic=False, fullgraph=True)
-    inputs, targets, cu = _batch()
-    loss = compiled(inputs, targets, cu)
+    loss = compiled(*batch)
     loss.backward()
     torch._dynamo.reset()
     assert counter.frame_count == 1
-    torch.testing.assert_close(loss, model(inputs, targets, cu))
+    torch.testing.assert_close(loss, model(*batch))
+
+
+def test_value_lambdas_compile_as_one_graph():
+    model = _small_gpt(True)
+    compiled_in_one_graph(model, _batch())
     assert model.blocks[0].attn.value_lambdas.grad.abs().min() > 0
 
 
