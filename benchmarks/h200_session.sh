@@ -86,7 +86,7 @@ sweep)
     done <<< "${VARIANTS:?VARIANTS: one 'name: --set key=json ...' per line}"
     tar -C /tmp -czf /tmp/compile-cache.tgz compile-cache
     size=$(stat -c %s /tmp/compile-cache.tgz); echo "compile cache packed: $size bytes"
-    [ "$size" -lt 15728640 ] && cp /tmp/compile-cache.tgz "$OUT/" ;;
+    if [ "$size" -lt 15728640 ]; then cp /tmp/compile-cache.tgz "$OUT/"; fi ;;
 long)
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name long --steps 300 --set tokens_per_step=49152 \
