@@ -3,7 +3,10 @@ other exceptions keep their traceback."""
 
 import errno
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +70,52 @@ def test_other_exceptions_keep_their_traceback(runs, monkeypatch):
     monkeypatch.setattr(stats_stage, "compute_stats", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         cli.main(["stats", str(runs)])
+
+
+def _speedrun_into_a_closed_pipe(*args):
+    """Run ``python -m speedrun ARGS`` (this checkout's package) with stdout a pipe whose reader has already
+    gone, as ``speedrun ... | head -1`` ends once head has its line; (exit status, stderr)."""
+    src = Path(cli.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    read_end, write_end = os.pipe()
+    os.close(read_end)                       # closed before the child starts: its first write fails, every time
+    try:
+        done = subprocess.run([sys.executable, "-m", "speedrun", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              env=env, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("stage", ["stats", "compare"])
+def test_closed_stdout_ends_quietly_with_status_141(runs, tmp_path, stage):
+    """``speedrun stats DIR --json | head -1``: no BrokenPipeError traceback (nor "Exception ignored" at exit),
+    status 141 = 128 + SIGPIPE, as a shell reports for cat or grep."""
+    args = ["stats", str(runs), "--json"] if stage == "stats" else ["compare", str(runs), str(runs)]
+    status, err = _speedrun_into_a_closed_pipe(*args)
+    assert err == "" and status == 141
+
+
+def test_a_broken_pipe_that_is_not_stdout_keeps_its_traceback(monkeypatch):
+    """A BrokenPipeError from a socket or another pipe (stdout still open) is a real failure, not ``| head``."""
+    def broken_socket(argv):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_run", broken_socket)
+    monkeypatch.setattr(cli, "_stdout_reader_gone", lambda: False)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["stats", "x"])
+
+
+@pytest.mark.parametrize("reader_open", [True, False])
+def test_stdout_reader_gone_tells_a_closed_pipe_from_an_open_one(monkeypatch, reader_open):
+    read_end, write_end = os.pipe()
+    if not reader_open:
+        os.close(read_end)
+    with os.fdopen(write_end, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        gone = cli._stdout_reader_gone()
+        monkeypatch.undo()
+    if reader_open:
+        os.close(read_end)
+    assert gone is (not reader_open)

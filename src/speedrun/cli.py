@@ -5,7 +5,8 @@ builds the argument parser and dispatches. Stage modules are imported lazily, so
 never imports torch. A :class:`~speedrun.errors.SpeedrunError` is printed as one line
 (``speedrun <stage>: error: ...``) and the command exits with status 2; so is an :class:`OSError` that names a
 path (an output folder that is a file, a read-only file system: the path and the OS's reason). Any other
-exception keeps its traceback: it is a bug.
+exception keeps its traceback: it is a bug. A closed stdout (``speedrun stats DIR --json | head -1``) ends the
+command quietly with status 141, as a Unix tool ended by SIGPIPE (:func:`closed_stdout`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -48,6 +50,45 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the stage named in ``argv`` (default ``sys.argv[1:]``); return the exit status: the stage's, 2 for
+    a :class:`SpeedrunError` or an OS error about a path, 141 when stdout was closed by its reader."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()              # output to a pipe is buffered: a reader that left shows here, not at exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise                       # a socket or another pipe: a real failure, with its traceback
+        return closed_stdout()
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (Linux and macOS report POLLERR on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):   # no poll (Windows), no file descriptor behind stdout
+        return False
+
+
+# 128 + SIGPIPE (13): what a shell reports for a Unix tool (cat, grep) whose reader closed the pipe.
+CLOSED_STDOUT_STATUS = 141
+
+
+def closed_stdout() -> int:
+    """Stop writing to a stdout whose reader has gone (``| head``): point stdout at /dev/null, so that the
+    interpreter's final flush does not fail again, and return :data:`CLOSED_STDOUT_STATUS` (141, the status of
+    a tool killed by SIGPIPE; Python ignores SIGPIPE, hence the error). The recipe of the Python docs, "Note on
+    SIGPIPE" (library/signal.html), which exits with 1; 141 lets ``set -o pipefail`` scripts treat speedrun as
+    they treat the other tools of a pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return CLOSED_STDOUT_STATUS
+
+
+def _run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, subparsers = build_parser()
     # Find the stage first so that only its module (and its imports) are loaded.
