@@ -208,9 +208,49 @@ def test_complete_sides_list_nothing_not_counted(tmp_path):
     make_runs(tmp_path / "b", [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0)])
     make_runs(tmp_path / "c", [(0, "complete", "cpu", 6.7, 90.0), (1, "complete", "cpu", 6.6, 90.0)])
     c = compare_groups(one_group(str(tmp_path / "b"), "B"), one_group(str(tmp_path / "c"), "C"))
-    assert c.to_json()["incomplete"] == {"baseline": [], "candidate": []}
+    assert c.to_json()["incomplete"] == c.to_json()["duplicates"] == {"baseline": [], "candidate": []}
     assert "not counted" not in comparison_text(c) and "Runs not counted" not in comparison_markdown(c)
     assert comparison_rows(c)[0][:3] == ["n", "2", "2"]
+
+
+def test_duplicate_runs_are_named_in_every_output_as_stats_names_them(tmp_path, capsys):
+    """Two logs of one run on a side (a byte copy; a second log of the same seed with other timings) count once,
+    and compare names the second in its n row, its notes, the JSON and the Markdown, with the duplicates that
+    `speedrun stats` reports for that side."""
+    base, cand = tmp_path / "baseline", tmp_path / "candidate"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0),
+                     (2, "complete", "cpu", 6.85, 101.0)])
+    write(base / "seed1_rerun.txt", our_log(seed=1, losses=[10.8, 9.0, 8.0, 7.5, 6.95], step_ms=130.0)[0])
+    make_runs(cand, [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                     (2, "complete", "cpu", 6.79, 92.0)])
+    (cand / "seed0_copy.txt").write_bytes((cand / "seed0.txt").read_bytes())
+    out_json, out_md = tmp_path / "cmp.json", tmp_path / "cmp.md"
+    assert cli.main(["compare", str(base), str(cand), "--json-out", str(out_json), "--markdown-out", str(out_md)]) == 0
+    printed = capsys.readouterr().out
+    expected = {"baseline": [{"file": str(base / "seed1_rerun.txt"), "duplicate_of": str(base / "seed1.txt"),
+                              "duplicate_kind": "identical loss curve"}],
+                "candidate": [{"file": str(cand / "seed0_copy.txt"), "duplicate_of": str(cand / "seed0.txt"),
+                               "duplicate_kind": "identical file"}]}
+    c = json.loads(out_json.read_text())
+    assert c["duplicates"] == expected and c["incomplete"] == {"baseline": [], "candidate": []}
+    assert (c["n_baseline"], c["n_candidate"]) == (3, 3)
+    assert c["val_loss"]["mean_baseline"] == pytest.approx(np.mean([6.90, 6.95, 6.85]), abs=1e-12)
+    assert c["val_loss"]["mean_candidate"] == pytest.approx(np.mean([6.80, 6.83, 6.79]), abs=1e-12)
+    for side, folder in (("baseline", base), ("candidate", cand)):
+        assert cli.main(["stats", str(folder), "--target", "7", "--json"]) == 0
+        [s] = json.loads(capsys.readouterr().out)
+        assert {d["file"]: d["duplicate_of"] for d in c["duplicates"][side]} == s["duplicates"]
+        assert {d["file"]: d["duplicate_kind"] for d in c["duplicates"][side]} == s["duplicate_kinds"]
+    assert re.search(r"^n\s+3 \(1 duplicate not counted\)\s+3 \(1 duplicate not counted\)\s", printed, re.M)
+    lines = printed.splitlines()
+    assert (f"not counted: baseline: duplicate: {base / 'seed1_rerun.txt'} (identical loss curve, same as "
+            f"{base / 'seed1.txt'})") in lines
+    assert (f"not counted: candidate: duplicate: {cand / 'seed0_copy.txt'} (identical file, same as "
+            f"{cand / 'seed0.txt'})") in lines
+    md = out_md.read_text().splitlines()
+    assert "## Runs not counted" in md
+    assert "| baseline | seed1_rerun | duplicate | 4 | identical loss curve, same as seed1 |" in md
+    assert "| candidate | seed0_copy | duplicate | 4 | identical file, same as seed0 |" in md
 
 
 @pytest.mark.parametrize("target", ["-1", "0", "inf", "nan"])

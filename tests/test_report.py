@@ -279,3 +279,33 @@ def test_unknown_baseline_is_refused_naming_the_variants(paths, tmp_path, capsys
     with pytest.raises(SpeedrunError, match=r"--baseline candidat: .* baseline, candidate$"):
         report.check_baseline("candidat", ["baseline", "candidate"])
     report.check_baseline("candidate", ["baseline", "candidate"])
+
+
+@pytest.mark.parametrize("case, what", [
+    ("missing", "no such file"),
+    ("folder", "this is a folder"),
+    ("summary", "this is a summary.json (of speedrun stats)"),
+    ("record", "this is a parsed-run record (of speedrun parse)"),
+    ("incomplete", "this one lacks 'n_baseline', 'n_candidate', 'train_time', 'val_loss'"),
+    ("binary", "not valid JSON ('utf-8' codec can't decode byte 0xff"),
+])
+def test_report_refuses_comparisons_that_are_not_compare_outputs_before_writing(paths, tmp_path, capsys, case, what):
+    """--comparisons: each file is checked up front, as --summary and --runs are: one line naming it and what
+    was expected, status 2, nothing written."""
+    from speedrun import cli
+
+    summary = _write_json(tmp_path / "summary.json", SUMMARY)
+    given = {"missing": tmp_path / "nosuch.json", "folder": tmp_path / "baseline", "summary": summary,
+             "record": paths[0], "incomplete": _write_json(tmp_path / "old.json", {"baseline": "b", "candidate": "c"}),
+             "binary": tmp_path / "cmp.json"}[case]
+    (tmp_path / "cmp.json").write_bytes(b"\xff\xfe{}")
+    good = _write_json(tmp_path / "good.json", COMPARISON)
+    out = tmp_path / "R4"
+    assert cli.main([*_report_argv(paths, summary, out), "--comparisons", str(good), str(given)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    prefix = f"speedrun report: error: {given}: "
+    assert err.startswith(prefix + ("" if case == "binary" else "--comparisons expects the .json files of speedrun "
+                                                                  "compare --json-out, ")) and what in err
+    assert not out.exists()
+    assert report.read_comparison(good) == COMPARISON

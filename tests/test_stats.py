@@ -267,6 +267,28 @@ def test_stats_table_names_skipped_log_files_with_their_reason(tmp_path, capsys)
     assert len(g.skipped) == len(g.skip_reasons) == 5 and len(g.runs) == 2
 
 
+def test_summary_json_gives_each_skipped_file_its_reason(tmp_path, capsys):
+    """summary.json keeps `skipped_files` (a list of paths) and adds `skip_reasons` (path -> reason), the reasons
+    the console prints as `skipped: <path>: <reason>`."""
+    base = tmp_path / "runs"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 101.0)])
+    (base / "killed.txt").write_bytes(b"")
+    (base / "old.txt.gz").write_bytes(gzip.compress((base / "seed0.txt").read_bytes()))
+    write(base / "README.md", "# notes\n")
+    out = tmp_path / "summary.json"
+    assert cli.main(["stats", str(base), "--target", "7", "--json-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    [s] = json.loads(out.read_text())
+    not_a_log = ("not a training log (no 'speedrun:' header, no step:/s: lines, no line of 100 '=' followed by step: "
+                 "or 'Running Python' lines)")
+    assert s["skipped_files"] == [str(base / "README.md"), str(base / "killed.txt"), str(base / "old.txt.gz")]
+    assert s["skip_reasons"] == {str(base / "README.md"): not_a_log,
+                                 str(base / "killed.txt"): "empty file (a run killed before it wrote anything?)",
+                                 str(base / "old.txt.gz"): "gzip-compressed: decompress it to read it as a log"}
+    for file in ("killed.txt", "old.txt.gz"):
+        assert f"skipped: {base / file}: {s['skip_reasons'][str(base / file)]}" in printed.splitlines()
+
+
 def test_stats_cli_error_is_one_line(tmp_path, capsys):
     assert cli.main(["stats", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith("speedrun stats: error: ")

@@ -5,8 +5,10 @@
 
 Each side is a path as in ``speedrun stats`` that must resolve to exactly one group (``--only``: just the files
 listed, as in ``speedrun stats``). Runs that are not complete (diverged, failed, truncated) are listed per side
-with their reason, never counted. Tests (Welch 1947; the record rules ask a candidate to be faster than the
-prior record, README L207-226, and the 2026-05-07 verifier uses a one-sided Welch test on times):
+with their reason, never counted; so are duplicates (a side's second log of one run: an identical file or loss
+curve, :func:`speedrun.analysis.groups.find_duplicates`; the run counts once). Tests (Welch 1947; the record rules ask
+a candidate to be faster than the prior record, README L207-226, and the 2026-05-07 verifier uses a one-sided
+Welch test on times):
 
 * val_loss, H1: the candidate's mean val_loss is lower, ``ttest_ind(cand, base, equal_var=False,
   alternative="less")``;
@@ -27,7 +29,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from speedrun.analysis.groups import CodeSplit, Group, check_only, collect_runs
+from speedrun.analysis.groups import CodeSplit, DuplicateKind, Group, check_only, collect_runs
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.rules import RuleCheck, check_rules, violations
 from speedrun.analysis.tests import Speedup, WelchTest, ZRule, speedup, welch_test, z_rule
@@ -44,7 +46,8 @@ class Comparison:
     each side's z-rule at ``target`` (``None`` without a target), and the rules check.
 
     ``warnings`` flags what makes the comparison doubtful: violated rules, runs shared by both sides, runs
-    without timing. :attr:`incomplete` lists each side's runs that are not counted for their status.
+    without timing. :attr:`incomplete` lists each side's runs that are not counted for their status,
+    :attr:`duplicates` those that repeat a run of the same side.
     """
 
     baseline: Group
@@ -63,6 +66,15 @@ class Comparison:
         """``baseline``/``candidate`` -> the side's runs that are not complete (diverged, failed, truncated), in
         file order: listed with their ``reason``, never counted (as ``speedrun stats`` lists them)."""
         return {side: tuple(r for r in g.runs if r.status != "complete")
+                for side, g in (("baseline", self.baseline), ("candidate", self.candidate))}
+
+    @property
+    def duplicates(self) -> dict[str, tuple[tuple[RunRecord, str, DuplicateKind], ...]]:
+        """``baseline``/``candidate`` -> the side's duplicate runs in file order, each with the file of the earlier
+        run it repeats and why (:data:`~speedrun.analysis.groups.DuplicateKind`): listed, never counted (as
+        ``speedrun stats`` lists a group's ``duplicates``)."""
+        return {side: tuple((r, orig, kind) for r, orig, kind in zip(g.runs, g.duplicate_of, g.duplicate_kind)
+                            if orig is not None)
                 for side, g in (("baseline", self.baseline), ("candidate", self.candidate))}
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +96,8 @@ class Comparison:
             "warnings": list(self.warnings),
             "incomplete": {side: [{"file": r.file, "status": r.status, "last_step": r.last_step, "reason": r.reason}
                                   for r in runs] for side, runs in self.incomplete.items()},
+            "duplicates": {side: [{"file": r.file, "duplicate_of": orig, "duplicate_kind": kind}
+                                  for r, orig, kind in dups] for side, dups in self.duplicates.items()},
         })
 
 

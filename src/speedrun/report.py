@@ -33,9 +33,9 @@ from speedrun.analysis.report_tables import render_summary
 from speedrun.atomic import atomic_open, write_text
 from speedrun.errors import SpeedrunError
 
-__all__ = ["add_arguments", "main", "load_runs", "read_record", "read_records", "read_summary", "counted",
-           "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss", "plot_distributions",
-           "plot_p_value_by_n"]
+__all__ = ["add_arguments", "main", "load_runs", "read_record", "read_records", "read_summary", "read_comparison",
+           "counted", "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss",
+           "plot_distributions", "plot_p_value_by_n"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     check_baseline(args.baseline, list(dict.fromkeys(runs["variant"])))
     records = read_records(paths)
     summary = read_summary(Path(args.summary))
-    comparisons = [_read_json(Path(p)) for p in args.comparisons]
+    comparisons = [read_comparison(Path(p)) for p in args.comparisons]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs.csv") as f:
@@ -91,7 +91,7 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpeedrunError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SpeedrunError(f"{path}: not valid JSON ({e})") from None
 
 
@@ -138,6 +138,32 @@ def read_summary(path: Path) -> list[dict[str, Any]]:
     if not (isinstance(obj, list) and all(isinstance(g, dict) and "group" in g for g in obj)):
         raise SpeedrunError(f"{path}: --summary expects the summary.json of speedrun stats (a list of group "
                             f"objects with a 'group' key), this is {_kind(obj)}")
+    return obj
+
+
+# The keys of a comparison (docs/formats.md "Comparison") that the report reads without a default.
+COMPARISON_KEYS = frozenset({"baseline", "candidate", "n_baseline", "n_candidate", "val_loss", "train_time"})
+
+
+def read_comparison(path: Path) -> dict[str, Any]:
+    """One comparison of the compare stage (docs/formats.md "Comparison", ``speedrun compare --json-out``), checked
+    before anything is written: a JSON object with the keys of :data:`COMPARISON_KEYS`.
+
+    Raises:
+        SpeedrunError: the path is missing or a folder, the file is not JSON, or not a comparison (a summary.json,
+            a parsed-run record, an object without those keys); one line naming the file and what was expected.
+    """
+    expected = "--comparisons expects the .json files of speedrun compare --json-out"
+    if path.is_dir():
+        raise SpeedrunError(f"{path}: {expected}, this is a folder")
+    if not path.exists():
+        raise SpeedrunError(f"{path}: {expected}, no such file")
+    obj = _read_json(path)
+    if not (isinstance(obj, dict) and "candidate" in obj):
+        raise SpeedrunError(f"{path}: {expected}, this is {_kind(obj)}")
+    missing = sorted(COMPARISON_KEYS - obj.keys())
+    if missing:
+        raise SpeedrunError(f"{path}: {expected}, this one lacks {', '.join(map(repr, missing))}")
     return obj
 
 

@@ -96,6 +96,7 @@ class GroupStats:
             "train_time_min_s": self.train_time_s.min, "train_time_max_s": self.train_time_s.max,
             "incomplete": dict(self.incomplete), "duplicates": dict(g.duplicates),
             "duplicate_kinds": dict(g.duplicate_kinds), "warnings": g.warnings(), "skipped_files": list(g.skipped),
+            "skip_reasons": dict(zip(g.skipped, g.skip_reasons)),
             "runs": [_run_json(r, orig, kind) for r, orig, kind in zip(g.runs, g.duplicate_of, g.duplicate_kind)],
         })
 

@@ -22,19 +22,24 @@ if TYPE_CHECKING:
 STATUS_MARK = {"ok": "ok", "violation": "**VIOLATION**", "note": "note", "unknown": "unknown"}
 
 
-def n_cell(n: int, incomplete: Sequence["RunRecord"]) -> str:
-    """Counted runs, and those left out by status: ``3 (1 diverged not counted)``."""
+def n_cell(n: int, incomplete: Sequence["RunRecord"], duplicates: Sequence["RunRecord"] = ()) -> str:
+    """Counted runs, and those left out by status, then the complete duplicates (an incomplete one is left out
+    for its status already): ``3 (1 diverged, 1 duplicate not counted)``."""
     by_status = Counter(r.status for r in incomplete)
-    left_out = ", ".join(f"{k} {status}" for status, k in sorted(by_status.items()))
-    return f"{n} ({left_out} not counted)" if left_out else str(n)
+    left_out = [f"{k} {status}" for status, k in sorted(by_status.items())]
+    dups = sum(1 for r in duplicates if r.status == "complete")
+    left_out += [f"{dups} duplicate{'s' * (dups != 1)}"] if dups else []
+    return f"{n} ({', '.join(left_out)} not counted)" if left_out else str(n)
 
 
 def comparison_rows(c: "Comparison") -> list[list[str]]:
     """Rows (quantity, baseline, candidate, difference [95% CI], test) of a comparison."""
     v, t = c.val_loss, c.train_time
     left_out = c.incomplete
+    dups = {side: [r for r, _, _ in runs] for side, runs in c.duplicates.items()}
     return [
-        ["n", n_cell(v.n_baseline, left_out["baseline"]), n_cell(v.n_candidate, left_out["candidate"]), DASH, DASH],
+        ["n", n_cell(v.n_baseline, left_out["baseline"], dups["baseline"]),
+         n_cell(v.n_candidate, left_out["candidate"], dups["candidate"]), DASH, DASH],
         ["val_loss mean ± std", f"{fmt(v.mean_baseline, 5)} ± {fmt(v.std_baseline, 5)}",
          f"{fmt(v.mean_candidate, 5)} ± {fmt(v.std_candidate, 5)}",
          f"{fmt(v.difference, 5)} [{fmt(v.ci_low, 5)}, {fmt(v.ci_high, 5)}]",
@@ -81,16 +86,25 @@ def _notes(c: "Comparison") -> list[str]:
 
 
 def not_counted_lines(c: "Comparison") -> list[str]:
-    """``not counted: candidate: diverged: <file> (<reason>)`` for each side's incomplete run (the console's
-    form of ``speedrun stats``'s notes; the Markdown has a table, :func:`incomplete_rows`)."""
-    return [f"not counted: {side}: {r.status}: {r.file} ({r.reason})"
-            for side, runs in c.incomplete.items() for r in runs]
+    """``not counted: candidate: diverged: <file> (<reason>)`` for each side's incomplete run, then
+    ``not counted: candidate: duplicate: <file> (identical file, same as <file>)`` for each duplicate (the
+    console's form of ``speedrun stats``'s notes; the Markdown has a table, :func:`incomplete_rows`)."""
+    return ([f"not counted: {side}: {r.status}: {r.file} ({r.reason})"
+             for side, runs in c.incomplete.items() for r in runs]
+            + [f"not counted: {side}: duplicate: {r.file} ({kind}, same as {orig})"
+               for side, runs in c.duplicates.items() for r, orig, kind in runs])
 
 
 def incomplete_rows(c: "Comparison") -> list[list[str]]:
-    """(side, run, status, last step, reason) rows of the runs not counted, as ``statistics.md`` lists them."""
-    return [[side, run_label(r.file), r.status, DASH if r.last_step is None else str(r.last_step), r.reason or DASH]
-            for side, runs in c.incomplete.items() for r in runs]
+    """(side, run, status, last step, reason) rows of the runs not counted, as ``statistics.md`` lists them:
+    the incomplete runs, then the duplicates (status ``duplicate``, reason ``<why>, same as <run>``)."""
+    def last(r: "RunRecord") -> str:
+        return DASH if r.last_step is None else str(r.last_step)
+
+    return ([[side, run_label(r.file), r.status, last(r), r.reason or DASH]
+             for side, runs in c.incomplete.items() for r in runs]
+            + [[side, run_label(r.file), "duplicate", last(r), f"{kind}, same as {run_label(orig)}"]
+               for side, runs in c.duplicates.items() for r, orig, kind in runs])
 
 
 def rules_rows(c: "Comparison") -> list[list[str]]:
@@ -109,7 +123,7 @@ def comparison_text(c: "Comparison") -> str:
 
 def comparison_markdown(c: "Comparison") -> str:
     """``<candidate>.md``: the rule violations first, the Welch tests, differences with 95% CIs, the speedup,
-    the z-rules, the runs not counted (diverged, failed, truncated) and the rules check."""
+    the z-rules, the runs not counted (diverged, failed, truncated; duplicates) and the rules check."""
     lines = [f"# {c.candidate.name} vs {c.baseline.name}", ""]
     bad = [r for r in c.rules if r.status == "violation"]
     if bad:
