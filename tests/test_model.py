@@ -415,6 +415,27 @@ def test_untying_the_embedding_compiles_nothing_new():
     assert model.embed.weight.grad is not None and model.embed.weight.grad.abs().sum() > 0
 
 
+def test_per_document_sdpa_compiles_once_for_every_document_layout():
+    """``sdpa_docs`` (the CPU default) loops over the batch's documents in Python: compiled, it would guard on
+    every layout and recompile inside the timed steps. It runs outside the graph, so a new layout (the loader
+    pads ``cu_seqlens`` to a fixed length with empty documents) compiles nothing new, and the compiled model
+    still gives the eager model's loss for each layout."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    model = small_model(attention_backend="sdpa_docs", cross_entropy="full").eval()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=False)
+    frames = []
+    with torch.no_grad():
+        for bounds in ((0, 13, 14, 40, 40), (0, 20, 40, 40, 40), (0, 5, 9, 30, 40), (0, 40, 40, 40, 40)):
+            inputs, targets, cu = batch(bounds=bounds)
+            torch.testing.assert_close(compiled(inputs, targets, cu), model(inputs, targets, cu))
+            frames.append(counter.frame_count)
+    torch._dynamo.reset()
+    assert frames[0] > 0 and frames == [frames[0]] * 4
+
+
 def test_merged_qkv_product_equals_the_three_projections():
     """One product with the stacked weights gives q, k, v of the three separate projections (fp64 exactly
     up to summation order; in training with fp8_attention within FP8 tolerance, one scale for the three)."""

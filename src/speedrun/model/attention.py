@@ -148,6 +148,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocumen
 
 
 @register_backend("sdpa_docs")
+@torch.compiler.disable   # a Python loop over this batch's documents: compiled, each layout would recompile
 def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
                window: int | None) -> torch.Tensor:
     bounds = docs.cached("bounds", docs.cu_seqlens.tolist)
