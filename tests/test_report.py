@@ -75,7 +75,7 @@ SUMMARY = [
      "p_value": None, "p_value_note": "n=1: a t-test needs at least 2 complete runs per sample",
      "reaches_target": None, "runs_needed": None, "train_time_mean_s": 60.0, "train_time_std_s": None},
 ]
-COMPARISON = {"candidate": "candidate", "baseline": "baseline", "n_baseline": 3, "n_candidate": 1,
+COMPARISON = {"candidate": "candidate", "baseline": "baseline", "n_baseline": 3, "n_candidate": 3,
               "val_loss": {"difference": -0.3, "ci_low": -0.5, "ci_high": -0.1, "p_value": 0.02},
               "train_time": {"difference": -2.0, "ci_low": -4.0, "ci_high": 0.0, "p_value": 0.04},
               "speedup": {"seconds": 2.0, "percent": 3.2},
@@ -171,7 +171,52 @@ def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_w
     assert comparison_verdict(clean, False, 0.05) == "no: does not reach the target"
     assert comparison_verdict({**clean, "train_time": {}}, True, 0.05) == "no: not faster (p=–)"
     assert comparison_verdict(COMPARISON, True, 0.05) == "no: rules violated"
+    # a file without "incomplete" (older compare) still says why; a violated rule is still named
+    assert comparison_verdict({**clean, "n_candidate": 0}, None, 0.05) == "no: no complete runs"
+    one = "no: only 1 complete run, too few for a t-test"
+    assert comparison_verdict({**clean, "n_candidate": 1}, None, 0.05) == one
+    assert comparison_verdict({**COMPARISON, "n_candidate": 0}, None, 0.05) == "no: no complete runs, rules violated"
 
+
+
+def test_verdict_says_why_a_candidate_has_no_test(tmp_path):
+    """Real logs through stats and compare: a candidate with no complete run, or one, gets no 'not faster (p=–)'
+    but the runs it lacks; a baseline without runs is named; the normal case keeps its verdict."""
+    from scipy import stats as sps
+
+    from speedrun.analysis.report_tables import render_comparisons
+    from speedrun.compare import compare_groups, one_group
+    from speedrun.stats import compute_stats
+    from test_stats import make_runs
+
+    specs = {"baseline": [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0),
+                          (2, "complete", "cpu", 6.92, 101.0)],
+             "good": [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                      (2, "complete", "cpu", 6.79, 92.0)],
+             "unstable": [(0, "diverged", "cpu", 6.9, 90.0)],
+             "failing": [(0, "failed", "cpu", 6.9, 90.0), (1, "failed", "cpu", 6.9, 90.0)],
+             "cut": [(0, "failed", "cpu", 6.9, 90.0), (1, "truncated", "cpu", 6.9, 90.0)],
+             "single": [(0, "complete", "cpu", 6.77, 93.0), (1, "diverged", "cpu", 6.9, 90.0)]}
+    for name, spec in specs.items():
+        make_runs(tmp_path / name, spec)
+    path = {name: str(tmp_path / name) for name in specs}
+    summary = [s.to_json() for s in compute_stats(list(path.values()), target=7.0, alpha=0.05)]
+    pairs = [("baseline", name) for name in specs if name != "baseline"] + [("unstable", "good")]
+    comparisons = [compare_groups(one_group(path[b], "B"), one_group(path[c], "C"), 0.05, 7.0).to_json()
+                   for b, c in pairs]
+    rows = [line.split(" | ") for line in render_comparisons(comparisons, summary, 0.05) if line.startswith("| /")]
+    verdicts = [(row[1], row[-1].rstrip(" |")) for row in rows]
+    assert verdicts == [
+        ("3/3", "**yes**"),
+        ("3/0", "no: no complete runs (1 diverged)"),
+        ("3/0", "no: no complete runs (2 failed)"),
+        ("3/0", "no: no complete runs (1 failed, 1 truncated)"),
+        ("3/1", "no: only 1 complete run (1 diverged), too few for a t-test"),
+        ("0/3", "no: baseline has no complete runs (1 diverged)")]
+    # the normal case is a yes by scipy too: the candidate's mean is below 7 and its time (4 steps) is lower
+    assert sps.ttest_1samp([6.80, 6.83, 6.79], 7.0, alternative="less").pvalue < 0.05
+    assert sps.ttest_ind([0.36, 0.364, 0.368], [0.4, 0.408, 0.404], equal_var=False,
+                         alternative="less").pvalue < 0.05
 
 def _public_runs(tmp_path):
     """Three runs of one variant without seeds (public logs), one diverged, with distinct curves."""

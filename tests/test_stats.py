@@ -414,6 +414,27 @@ def test_too_few_runs_are_said_not_bare(tmp_path, capsys):
     assert f"{ref:.4g} (too few runs: n=2 < 3)" in capsys.readouterr().out
 
 
+
+@pytest.mark.parametrize("spec, verdict", [
+    ([(0, "diverged", "cpu", 6.9, 100.0), (1, "diverged", "cpu", 6.9, 100.0)],
+     "No verdict: no complete runs (2 diverged)."),
+    ([(0, "failed", "cpu", 6.9, 100.0), (1, "failed", "cpu", 6.9, 100.0)], "No verdict: no complete runs (2 failed)."),
+    ([(0, "failed", "cpu", 6.9, 100.0), (1, "truncated", "cpu", 6.9, 100.0)],
+     "No verdict: no complete runs (1 failed, 1 truncated)."),
+    ([(0, "complete", "cpu", 6.5, 100.0), (1, "diverged", "cpu", 6.9, 100.0)],
+     "No p-value: n=1: a t-test needs at least 2 complete runs per sample."),
+    ([(0, "complete", "cpu", 6.50, 100.0), (1, "complete", "cpu", 6.60, 100.0), (2, "complete", "cpu", 6.55, 100.0)],
+     "Mean val_loss is below 7 at p < 0.01."),
+])
+def test_statistics_md_verdict_says_why_there_is_no_test(tmp_path, spec, verdict):
+    make_runs(tmp_path / "v", spec)
+    [s] = stats_stage.compute_stats([str(tmp_path / "v")], target=7.0)
+    complete = [final for _, end, _, final, _ in spec if end == "complete"]
+    if len(complete) == 3:   # the normal case: scipy agrees that it passes
+        assert sps.ttest_1samp(complete, 7.0, alternative="less").pvalue < 0.01
+    lines = statistics_markdown(s).splitlines()
+    assert [line for line in lines if line.startswith(("No ", "Mean val_loss"))] == [verdict]
+
 def exact_sample_p(n, mean, std, target):
     z = np.arange(n) - (n - 1) / 2
     return sps.ttest_1samp(mean + std * z / np.std(z, ddof=1), target, alternative="less").pvalue

@@ -8,6 +8,7 @@ provenance) render with dashes.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -73,15 +74,35 @@ def variants_lines(summary: Sequence[Mapping[str, Any]], alpha: float) -> list[s
     return md_table(header, rows)
 
 
+def untestable_side(c: Mapping[str, Any], side: str) -> str | None:
+    """Why ``side`` (``baseline``/``candidate``) of comparison ``c`` gives no t-test, or ``None``: fewer than 2
+    counted runs (``n_<side>``), with the runs not counted by status from ``incomplete`` when the file has it,
+    e.g. ``no complete runs (1 diverged)``, ``only 1 complete run (1 failed), too few for a t-test``."""
+    n = c.get(f"n_{side}")
+    if n is None or n >= 2:
+        return None
+    by_status = Counter(r["status"] for r in (c.get("incomplete") or {}).get(side, []))
+    left_out = ", ".join(f"{k} {status}" for status, k in sorted(by_status.items()))
+    why = f" ({left_out})" if left_out else ""
+    return f"no complete runs{why}" if n == 0 else f"only 1 complete run{why}, too few for a t-test"
+
+
 def comparison_verdict(c: Mapping[str, Any], reaches_target: bool | None, alpha: float) -> str:
     """Whether the candidate would make a record against this baseline (the record rules, speedrun-spec.md
     7): it reaches the target itself (``reaches_target``, its one-sample test), its train_time is lower with
-    Welch p < ``alpha``, and no rule of the comparison is violated. Otherwise ``no:`` and every reason."""
+    Welch p < ``alpha``, and no rule of the comparison is violated. Otherwise ``no:`` and every reason; a side
+    with fewer than 2 counted runs (:func:`untestable_side`) replaces the tests it makes impossible:
+    ``no: no complete runs (1 diverged)``, ``no: target not decided, baseline has no complete runs (2 failed)``."""
     reasons = []
-    if not reaches_target:
+    cand, base = untestable_side(c, "candidate"), untestable_side(c, "baseline")
+    if cand:
+        reasons.append(cand)
+    elif not reaches_target:
         reasons.append("does not reach the target" if reaches_target is not None else "target not decided")
     p_time = (c.get("train_time") or {}).get("p_value")
-    if p_time is None or not p_time < alpha:
+    if base:
+        reasons.append(f"baseline has {base}")
+    elif not cand and (p_time is None or not p_time < alpha):
         reasons.append(f"not faster (p={_fmt_p(p_time)})")
     if any(r["status"] == "violation" for r in c.get("rules", [])):
         reasons.append("rules violated")

@@ -172,6 +172,9 @@ def _power_sentence(s: "GroupStats") -> str:
 
 
 def _verdict(s: "GroupStats") -> str:
+    if s.val_loss.n == 0:   # no run to test: say why, as the report's verdict does
+        left_out = ", ".join(f"{k} {status}" for status, k in s.incomplete.items())
+        return f"No verdict: no complete runs ({left_out})." if left_out else "No verdict: no complete runs."
     if s.test.p_value is None:
         return f"No p-value: {s.test.reason}."
     if s.too_few_runs:
