@@ -236,11 +236,13 @@ def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config)
 
 def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_path):
     """`snakemake -n` stops, naming the variant and the config files, before anything runs: a misspelt
-    training key of one variant, a CUDA-only backend on a CPU, document paths that match no file, a number
+    training key of one variant or of the shared section (named where it is written), a CUDA-only backend on a CPU, document paths that match no file, a number
     YAML reads as text (one line from the schema check, with the way to write it)."""
     cases = {
         "typo.yaml": ("variants:\n  v: {seeds: [0], train: {muon_learning_rate: 0.04}}\nstats: {baseline: v}\n",
-                      "typo.yaml: variant 'v': unknown training setting 'muon_learning_rate'"),
+                      "typo.yaml: variants.v.train.muon_learning_rate: unknown training setting; expected one of "
+                      ".*muon_lr"),
+        "shared.yaml": ("train: {stepz: 10}\n", r"shared.yaml: train.stepz: unknown training setting"),
         "flex.yaml": ("variants:\n  v: {seeds: [0], train: {preset: record28}}\nstats: {baseline: v}\n",
                       "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
         "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",

@@ -1,4 +1,5 @@
 # Shared helpers: config validation, the run table, input functions and planning-time checks.
+import dataclasses
 import json
 import os
 import shlex
@@ -82,7 +83,16 @@ def get_train_config(variant):
 
 def check_train_settings():
     """Refuse, before anything runs, a variant whose training settings `speedrun train` would refuse (an
-    unknown or misspelt key, a wrong value, a batch that does not divide), naming the variant."""
+    unknown or misspelt key, a wrong value, a batch that does not divide), naming the variant; an unknown key
+    is named where it is written (`train.<key>` or `variants.<variant>.train.<key>`)."""
+    known = sorted([f.name for f in dataclasses.fields(TrainConfig)] + ["nodes"])
+    sections = [("train", config["train"])] + [(f"variants.{v}.train", config["variants"][v].get("train") or {})
+                                               for v in VARIANTS]
+    for where, section in sections:
+        for key in section:
+            if key not in known:
+                raise ValueError(f"{CONFIG_FILES}: {where}.{key}: unknown training setting; expected one of "
+                                 f"{', '.join(known)}")
     for variant in VARIANTS:
         settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
         try:
