@@ -8,12 +8,15 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 import yaml
 
 from speedrun.errors import SpeedrunError
 from speedrun.planning import schema_error_message
-from speedrun.train_config import TrainConfig, load_config_argument
-from test_train import QUICK
+from speedrun.train_config import TrainConfig, load_config_argument, resolve_dtype
+from test_train import QUICK, SMALL
+
+WINDOWED = {**QUICK, "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True}}   # 6 steps, 2 layers
 
 
 def test_train_config_from_dict_and_derived_settings():
@@ -175,3 +178,77 @@ def test_model_numbers_yaml_reads_as_text_get_the_same_hint():
     with pytest.raises(SpeedrunError, match=r"model\.value_embed_std .* YAML reads 1e-2 as a string; write it as 0\.01"):
         TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64,
                                "model": yaml.safe_load("value_embed_std: 1e-2")})
+
+
+# ---- dtype auto --------------------------------------------------------------------------------------------
+
+
+def test_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_cuda():
+    """The default ``auto`` resolves by the device's type (a pure function: no GPU needed for a cuda device
+    object); an explicit dtype is kept on either device; the resolved config is what the log header shows."""
+    cfg = TrainConfig.from_dict(QUICK)
+    assert cfg.dtype == "auto"
+    assert cfg.resolved_for(torch.device("cpu")).dtype == "float32"
+    assert cfg.resolved_for(torch.device("cuda", 1)).dtype == "bfloat16"
+    assert [resolve_dtype("auto", t) for t in ("cpu", "cuda")] == ["float32", "bfloat16"]
+    for dtype in ("float32", "bfloat16"):
+        explicit = TrainConfig.from_dict({**QUICK, "dtype": dtype})
+        assert {explicit.resolved_for(d).dtype for d in (torch.device("cpu"), torch.device("cuda", 0))} == {dtype}
+    assert json.loads(cfg.resolved_for("cpu").to_json())["dtype"] == "float32"
+    with pytest.raises(SpeedrunError, match="train.dtype must be one of auto, float32, bfloat16; got 'fp16'"):
+        TrainConfig.from_dict({**QUICK, "dtype": "fp16"})
+
+
+# ---- settings that would never take effect --------------------------------------------------------------
+
+
+def test_a_window_schedule_with_more_stages_than_steps_is_refused():
+    TrainConfig.from_dict({**WINDOWED, "steps": 3, "window_schedule": [[1, 1], [1, 2], [2, 2]]})   # one step each
+    with pytest.raises(SpeedrunError, match=r"^train\.window_schedule has 4 stages for 3 steps; each stage needs "
+                                            r"at least one step$"):
+        TrainConfig.from_dict({**WINDOWED, "steps": 3, "window_schedule": [[1, 1], [1, 2], [2, 2], [2, 3]]})
+
+
+@pytest.mark.parametrize("untie_step", [6, 7])
+def test_an_untie_step_at_or_after_the_last_step_is_refused(untie_step):
+    """The optimizer steps are 0..steps-1 (``_Run.train``): untie_step == steps never unties."""
+    assert TrainConfig.from_dict({**WINDOWED, "untie_step": 5}).untie_step == 5
+    with pytest.raises(SpeedrunError, match=rf"^train\.untie_step {untie_step} is never reached: the optimizer "
+                                            rf"steps are 0 to 5 \(train\.steps 6\); expected an untie_step < 6"):
+        TrainConfig.from_dict({**WINDOWED, "untie_step": untie_step})
+
+
+def test_a_window_schedule_stage_with_short_longer_than_long_is_refused():
+    TrainConfig.from_dict({**WINDOWED, "window_schedule": [[1, 2], [2, 2]]})          # short == long is fine
+    with pytest.raises(SpeedrunError, match=r"^train\.window_schedule stage 2 of 2 is \[3, 2\]: its short "
+                                            r"window is longer than its long one"):
+        TrainConfig.from_dict({**WINDOWED, "window_schedule": [[1, 2], [3, 2]]})
+
+
+def test_a_model_short_window_longer_than_the_long_one_is_refused():
+    model = {**WINDOWED["model"], "window_short_blocks": 3, "window_long_blocks": 3}
+    assert TrainConfig.from_dict({**WINDOWED, "model": model}).model_config().window_short_blocks == 3
+    with pytest.raises(SpeedrunError, match=r"^model\.window_short_blocks 4 is longer than "
+                                            r"model\.window_long_blocks 3; expected short <= long$"):
+        TrainConfig.from_dict({**WINDOWED, "model": {**model, "window_short_blocks": 4}})
+
+
+# ---- messages ----------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_preset_names_the_key_preset():
+    with pytest.raises(SpeedrunError, match=r"^train\.preset must be one of tiny, gpt124m, record28; "
+                                            r"got 'tinny'$"):
+        TrainConfig.from_dict({"preset": "tinny"})
+
+
+@pytest.mark.parametrize("settings, key, value", [
+    ({"model": {"window_pattern": "SLSL"}, "window_schedule": [[1, 2, 3]]}, "window_schedule", "[[1, 2, 3]]"),
+    ({"batch_schedule": [[256]]}, "batch_schedule", "[[256]]"),
+    ({"adam_betas": [0.9]}, "adam_betas", "[0.9]"),
+])
+def test_list_settings_are_quoted_as_written_not_as_python_tuples(settings, key, value):
+    """from_dict turns the lists into tuples; the message shows the JSON list the user wrote."""
+    with pytest.raises(SpeedrunError) as caught:
+        TrainConfig.from_dict(settings)
+    assert str(caught.value).startswith(f"train.{key} must be ") and str(caught.value).endswith(f", got {value}")

@@ -41,7 +41,7 @@ from speedrun.preflight import GpuRequirement, preflight
 from speedrun.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
                              header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
                              val_line)
-from speedrun.train_config import TrainConfig, load_config_argument
+from speedrun.train_config import TrainConfig, load_config_argument, resolve_dtype
 from speedrun.train_data import TrainingData, check_data_feeds, load_training_data
 from speedrun.train_launch import Launch, process_group, resolve_device
 
@@ -210,7 +210,7 @@ class _Run:
         self.val = [to_torch(mb, device) for mb in validation_batches(
             data.val_tokens, data.val_bos, config.val_tokens, config.val_batch_tokens, launch.rank,
             launch.world_size)]
-        enabled = config.dtype == "bfloat16"
+        enabled = resolve_dtype(config.dtype, device.type) == "bfloat16"      # dtype auto: bf16 on CUDA only
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
         self.result = RunResult()
@@ -355,6 +355,7 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     launch.check(config)
     preflight(config.device, gpus, env, config.world_size)
     device = resolve_device(config.device, launch.local_rank)
+    config = config.resolved_for(device)                  # dtype auto -> bfloat16 on CUDA, float32 on a CPU
     data = load_training_data(shards_dir, bos_dir)
     check_data_feeds(config, data)
     header = _header(config, variant, seed, launch, device, data)
@@ -383,7 +384,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
 
 def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device: torch.device,
             data: TrainingData) -> dict[str, Any]:
-    """The header fields (docs/formats.md "Training log"; the provenance keys the log parser reads)."""
+    """The header fields (docs/formats.md "Training log"; the provenance keys the log parser reads). ``config``
+    is the config :meth:`TrainConfig.resolved_for` the device: its ``dtype`` the one the run computes in."""
     settings = config.to_json()
     return {"speedrun": __version__, "variant": variant, "seed": seed, "config": settings,
             "config_sha256": sha256_text(settings), **code_version(),

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
-from speedrun.model.config import GPTConfig, build_model_config
+from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import ADAM_KINDS, ORTHOGONALIZERS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
-ComputeDtype = Literal["float32", "bfloat16"]
+ComputeDtype = Literal["auto", "float32", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 
 
@@ -67,10 +67,13 @@ class TrainConfig:
     stage of the steps (empty: the model's fixed windows), and ``final_window_long_blocks``, the long window
     at the final validation (null: unchanged); both need the model's ``window_pattern``. ``untie_step``: with
     the model's ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its
-    Adam state (record #53: 2/3 of the steps; null: tied throughout). ``dtype``: autocast dtype of the matrix
-    products (``float32`` disables autocast). ``compile``: ``torch.compile`` the model (one static-shape graph
-    per batch shape and window setting, all compiled in the untimed warm-up); ``compile_mode``: the
-    ``torch.compile`` mode, ``default`` as in the public records (their rules ban other compile flags);
+    Adam state (record #53: 2/3 of the steps; null: tied throughout; it must be below ``steps``, the optimizer
+    steps being 0 to steps - 1). ``dtype``: autocast dtype of the matrix products (``float32`` disables
+    autocast); ``auto``, the default, is ``bfloat16`` on CUDA and ``float32`` on a CPU (:func:`resolve_dtype`),
+    resolved once the device is (:meth:`resolved_for`). ``compile``: ``torch.compile`` the model (one
+    static-shape graph per batch shape and window setting, all compiled in the untimed warm-up);
+    ``compile_mode``: the ``torch.compile`` mode, ``default`` as in the public records (their rules ban other
+    compile flags);
     ``reduce-overhead`` replays CUDA graphs (less launch overhead), ``max-autotune-no-cudagraphs`` tunes the
     matrix products (longer compile): for measuring, not for record runs. ``batch_schedule``:
     the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
@@ -78,7 +81,9 @@ class TrainConfig:
 
     Raises :class:`SpeedrunError` naming the setting on a wrong type or value, on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
-    world_size), and on a ``model.rotary_positions`` below :meth:`rotary_positions`.
+    world_size), on a ``model.rotary_positions`` below :meth:`rotary_positions`, and on settings that would
+    never take effect: a ``batch_schedule`` or ``window_schedule`` with more stages than ``steps``, an
+    ``untie_step`` >= ``steps``, a ``window_schedule`` stage whose short window exceeds its long one.
     """
 
     preset: str = "tiny"
@@ -94,7 +99,7 @@ class TrainConfig:
     device: DeviceChoice = "cpu"
     compile: bool = False
     compile_mode: CompileMode = "default"
-    dtype: ComputeDtype = "bfloat16"
+    dtype: ComputeDtype = "auto"
     embed_lr: float = 0.6
     head_lr: float = 0.008
     scalar_lr: float = 0.04
@@ -138,11 +143,11 @@ class TrainConfig:
         _check_number("muon_momentum", self.muon_momentum, 0.0, 1.0, open_high=True)
         if not isinstance(self.lr_stage_multipliers, tuple):
             raise SpeedrunError(f"train.lr_stage_multipliers must be a list of numbers, one per equal stage of "
-                                f"the steps, got {self.lr_stage_multipliers!r}")
+                                f"the steps, got {_written(self.lr_stage_multipliers)}")
         for multiplier in self.lr_stage_multipliers:
             _check_number("lr_stage_multipliers", multiplier, 0.0, math.inf)
         if not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2:
-            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {self.adam_betas!r}")
+            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {_written(self.adam_betas)}")
         for beta in self.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
         self._check_adam_kind_betas()
@@ -155,6 +160,7 @@ class TrainConfig:
                 raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
         if self.normuon_beta2 is not None:
             _check_number("normuon_beta2", self.normuon_beta2, 0.0, 1.0, open_high=True)
+        _check_choice("preset", self.preset, tuple(PRESETS))
         _check_choice("device", self.device, get_args(DeviceChoice))
         _check_choice("dtype", self.dtype, get_args(ComputeDtype))
         _check_choice("compile_mode", self.compile_mode, get_args(CompileMode))
@@ -184,7 +190,7 @@ class TrainConfig:
         betas = self.adam_kind_betas
         if not isinstance(betas, Mapping):
             raise SpeedrunError(f"train.adam_kind_betas must be a mapping from Adam kind "
-                                f"({', '.join(ADAM_KINDS)}) to a pair [beta1, beta2], got {betas!r}")
+                                f"({', '.join(ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
         for kind, pair in betas.items():
             if kind not in ADAM_KINDS:
                 raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
@@ -200,19 +206,31 @@ class TrainConfig:
                 isinstance(pair, tuple) and len(pair) == 2 and all(
                     isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair) for pair in schedule):
             raise SpeedrunError(f"train.window_schedule must be a list of [short, long] block counts >= 1, "
-                                f"got {schedule!r}")
+                                f"got {_written(schedule)}")
+        for index, (short, long) in enumerate(schedule):
+            if short > long:
+                raise SpeedrunError(f"train.window_schedule stage {index + 1} of {len(schedule)} is "
+                                    f"{_written((short, long))}: its short window is longer than its long one; "
+                                    f"each stage is [short, long] with short <= long")
+        if len(schedule) > self.steps:
+            raise SpeedrunError(f"train.window_schedule has {len(schedule)} stages for {self.steps} steps; each "
+                                f"stage needs at least one step")
         if self.final_window_long_blocks is not None:
             _check_int("final_window_long_blocks", self.final_window_long_blocks, 1)
         if self.untie_step is not None:
             _check_int("untie_step", self.untie_step, 0)
             if not self._preset_model().tie_embed_head:
                 raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
+            if self.untie_step >= self.steps:
+                raise SpeedrunError(f"train.untie_step {self.untie_step} is never reached: the optimizer steps "
+                                    f"are 0 to {self.steps - 1} (train.steps {self.steps}); expected an "
+                                    f"untie_step < {self.steps}, or null to keep the head tied throughout")
         batches = self.batch_schedule
         if not isinstance(batches, tuple) or not all(
                 isinstance(pair, tuple) and len(pair) == 2 and all(
                     isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
             raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
-                                f"positive integers, got {batches!r}")
+                                f"positive integers, got {_written(batches)}")
         if (schedule or self.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
@@ -258,6 +276,13 @@ class TrainConfig:
             if isinstance(values.get(key), list):
                 values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])
         return cls(**values)
+
+    def resolved_for(self, device: Any) -> "TrainConfig":
+        """This config with ``dtype`` resolved for ``device`` (a ``torch.device`` or its type, ``"cpu"`` or
+        ``"cuda"``; :func:`resolve_dtype`): what a run on it computes in, and what its log's ``config``
+        header shows. Call it once the device is resolved (``device: auto``)."""
+        device_type = device if isinstance(device, str) else device.type
+        return dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device_type))
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -323,6 +348,33 @@ class TrainConfig:
         settings = dataclasses.asdict(self)
         settings["model"] = dataclasses.asdict(self.model_config())
         return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def resolve_dtype(dtype: str, device_type: str) -> str:
+    """The compute dtype ``dtype`` (a :data:`ComputeDtype`) stands for on a device of type ``device_type``
+    (``torch.device.type``): ``auto`` is ``bfloat16`` on ``cuda`` (the public records' autocast dtype) and
+    ``float32`` elsewhere; ``float32`` and ``bfloat16`` are kept. On a CPU without bf16 units (AVX2 only)
+    bf16 matrix products run about 15x slower than fp32 ones (tests/data/micro-config.yaml: 9.3 s per step
+    against 0.56 s). Raises :class:`SpeedrunError` for another ``dtype``."""
+    _check_choice("dtype", dtype, get_args(ComputeDtype))
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device_type == "cuda" else "float32"
+
+
+def _written(value: Any) -> str:
+    """``value`` as the user wrote it in the JSON/YAML config: the tuples :meth:`TrainConfig.from_dict` made
+    of lists as JSON lists (``[[1, 2, 3]]``, not ``((1, 2, 3),)``); ``repr`` when it is not JSON."""
+    def plain(item: Any) -> Any:
+        if isinstance(item, (tuple, list)):
+            return [plain(x) for x in item]
+        if isinstance(item, Mapping):
+            return {key: plain(x) for key, x in item.items()}
+        return item
+    try:
+        return json.dumps(plain(value))
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -65,7 +65,7 @@ class GPTConfig:
             document (records #13, #20; see :mod:`speedrun.model.windows`).
         window_block_size: tokens per window block (128 in the speedrun).
         window_short_blocks, window_long_blocks: the windows in blocks before any schedule sets them (the
-            record's first stage, 1 and 3).
+            record's first stage, 1 and 3); short <= long.
         logit_softcap: None, or c > 0: logits ``c * tanh(z / c)`` (Gemma 2; records #9 c=30, #18 c=15) or,
             with ``softcap_kind="shifted_sigmoid"``, ``c * sigmoid((z + 5) / 7.5)`` (record #54, c=23).
         softcap_kind: ``"tanh"`` or ``"shifted_sigmoid"``.
@@ -322,6 +322,9 @@ class GPTConfig:
                 not isinstance(self.attention_scale, (int, float)) or self.attention_scale <= 0):
             raise SpeedrunError(f"model.attention_scale must be null or a number > 0, got "
                                 f"{self.attention_scale!r}{number_text_hint(self.attention_scale)}")
+        if self.window_short_blocks > self.window_long_blocks:
+            raise SpeedrunError(f"model.window_short_blocks {self.window_short_blocks} is longer than "
+                                f"model.window_long_blocks {self.window_long_blocks}; expected short <= long")
         if not isinstance(self.window_pattern, str):
             raise SpeedrunError(f"model.window_pattern must be a string, got {self.window_pattern!r}")
         try:
