@@ -170,3 +170,19 @@ def test_only_bundles_the_files_listed(tmp_path):
         build_bundle(str(base), str(cand), tmp_path / "other", target=7.0, only=[str(stray)])
     assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(tmp_path / "o2"),
                      "--target", "-1"]) == 2
+
+
+def test_a_candidate_with_too_few_runs_is_not_decided_rather_than_short_of_the_target(tmp_path):
+    """Two complete runs below the target (6.80, 6.84 < 7): too few for the record rule's reading of a p-value,
+    so the README says the target is not decided and why, not that it is missed."""
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84], 0.04)
+    out = tmp_path / "out" / "record"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(out),
+                     "--target", "7"]) == 0
+    claim = next(line for line in (out / "README.md").read_text().splitlines()
+                 if line.startswith("> **Not a record claim"))
+    [cand_stats] = compute_stats([str(cand)], target=7.0)
+    assert cand_stats.reaches_target is None and cand_stats.val_loss.n == 2
+    assert f"has not shown the target 7: not decided ({cand_stats.p_value_note})" in claim
+    assert "does not reach" not in claim
