@@ -132,6 +132,22 @@ def test_directory_groups_skip_non_logs_and_flag_duplicates(tmp_path):
     assert s["p_value"] == pytest.approx(sps.ttest_1samp([6.90, 6.95, 6.85], 7.0, alternative="less").pvalue)
 
 
+def test_a_variant_matching_another_loss_for_loss_keeps_its_runs(tmp_path):
+    """A candidate that changes speed only (a bit-exact kernel) has the baseline's loss curves, seed for seed:
+    both groups of one ``stats`` call (the workflow's) count every run; duplicates are looked for within a
+    group, where an identical curve means a run that was not independent."""
+    finals = [6.90, 6.95, 6.85]
+    make_runs(tmp_path / "baseline", [(i, "complete", "cpu", f, 100.0) for i, f in enumerate(finals)])
+    make_runs(tmp_path / "candidate", [(i, "complete", "cpu", f, 90.0) for i, f in enumerate(finals)])
+    shutil.copy(tmp_path / "candidate" / "seed0.txt", tmp_path / "candidate" / "zz_copy.txt")
+    base, cand = collect_runs([str(tmp_path / "baseline"), str(tmp_path / "candidate")])
+    assert len(base.counted) == len(cand.counted) == 3 and base.duplicates == {}
+    assert cand.duplicates == {str(tmp_path / "candidate" / "zz_copy.txt"): str(tmp_path / "candidate" /
+                                                                                     "seed0.txt")}
+    times = [stats_stage.group_stats(g, 7.0).to_json()["train_time_mean_s"] for g in (base, cand)]
+    assert times == pytest.approx([0.4, 0.36])
+
+
 def test_split_by_gpu_count_and_file_arguments_group_by_parent(tmp_path):
     d = tmp_path / "mixed"
     make_runs(d, [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0),

@@ -20,10 +20,12 @@ Code versions (``RunRecord.code_hash``) are split only on request (``code_split=
 PUBLISHED.md reproduces only when they are pooled. When pooled, the mix is never silent: the group's warnings
 name every code version and its run count.
 
-Duplicates are counted once, at their first appearance (over all paths given), and flagged with what made them
-duplicates: an identical file (sha256; e.g. 2025-05-09_SkipMLPBlocks is a byte copy of
-2025-09-05_SkipMLPBlocks) or, among complete runs, an identical loss curve (the same (step, loss) pairs: a
-copy with other timings, or a rerun that was not independent).
+Duplicates within a group are counted once, at their first appearance, and flagged with what made them
+duplicates: an identical file (sha256) or, among complete runs, an identical loss curve (the same (step, loss)
+pairs: a copy with other timings, or a rerun that was not independent). Groups are not checked against each
+other: a variant that changes speed only (a bit-exact kernel) repeats another's curves seed for seed, and a
+record folder may be a byte copy of another (2025-05-09_SkipMLPBlocks of 2025-09-05_SkipMLPBlocks); each is
+its own sample (``speedrun compare`` warns about runs shared by its two sides).
 """
 
 from __future__ import annotations
@@ -260,11 +262,9 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
             hint = (f"; its subfolders {', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''} may: "
                     "pass them (one group each)" if subfolders else "")
             raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files{hint}")
-    originals = iter(find_duplicates([r for runs in found.values() for r in runs]))
     groups = []
-    for path, runs in found.items():
-        dups = [next(originals) for _ in runs]
-        groups += _split(path, runs, dups, tuple(skipped.get(path, ())), code_split)
+    for path, runs in found.items():     # duplicates within a group: another variant may match a run exactly
+        groups += _split(path, runs, find_duplicates(runs), tuple(skipped.get(path, ())), code_split)
     return _with_unique_slugs(groups)
 
 
