@@ -236,8 +236,9 @@ def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config)
 
 def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_path):
     """`snakemake -n` stops, naming the variant and the config files, before anything runs: a misspelt
-    training key of one variant or of the shared section (named where it is written), a CUDA-only backend on a CPU, document paths that match no file, a number
-    YAML reads as text (one line from the schema check, with the way to write it)."""
+    training key of one variant or of the shared section (named where it is written), a CUDA-only backend on
+    a CPU, document paths that match no file, a folder or a file of no documents format, a number YAML reads
+    as text (one line from the schema check, with the way to write it)."""
     cases = {
         "typo.yaml": ("variants:\n  v: {seeds: [0], train: {muon_learning_rate: 0.04}}\nstats: {baseline: v}\n",
                       "typo.yaml: variants.v.train.muon_learning_rate: unknown training setting; expected one of "
@@ -247,10 +248,16 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                       "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
         "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",
                        "files.yaml: data.files.paths \\['nonexistent/\\*.txt'\\] match no file"),
+        "folder.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.txt]}}\n",
+                        r"folder.yaml: data.files.paths: in/sub.txt is not a file \(a folder\?\)"),
+        "suffix.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.csv]}}\n",
+                        r"suffix.yaml: data.files.paths: in/d.csv: unknown documents format '.csv'"),
         "text.yaml": ("stats: {target: 4.6e0}\n",
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
     }
+    (tmp_path / "in" / "sub.txt").mkdir(parents=True)      # a folder a documents glob matches
+    (tmp_path / "in" / "d.csv").write_text("text\nhello\n")
     for name, (text, message) in cases.items():
         (tmp_path / name).write_text(text)
         done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"),

@@ -6,6 +6,8 @@
 # Both ways give the bytes modded-nanogpt's data/fineweb.py gives for the same documents in the same order.
 import glob
 
+from speedrun.data.documents import SUFFIXES, document_format
+
 
 def get_document_files():
     """The input files of the `fineweb` and `files` sources, in dataset order ([] for the others)."""
@@ -19,6 +21,14 @@ def get_document_files():
         files.extend(f for f in sorted(glob.glob(pattern, recursive=True)) if f not in files)
     if not files:
         raise ValueError(f"{CONFIG_FILES}: data.files.paths {config['data']['files']['paths']} match no file")
+    for f in files:     # now, not when its job runs after the files before it
+        if not os.path.isfile(f):
+            raise ValueError(f"{CONFIG_FILES}: data.files.paths: {f} is not a file (a folder?); expected documents "
+                             f"files ({', '.join(sorted(SUFFIXES))})")
+        try:
+            document_format(f)
+        except SpeedrunError as e:
+            raise ValueError(f"{CONFIG_FILES}: data.files.paths: {e}") from None
     return files
 
 
