@@ -55,9 +55,17 @@ def load_training_data(shards_dir: str | os.PathLike[str], bos_dir: str | os.Pat
     for entry in val + train:
         tokens = load_shard(shards_dir / entry["file"])
         index = bos_of.get(entry["file"])
-        if len(tokens) != entry["tokens"] or index is None or index["shard_sha256"] != entry["sha256"]:
-            raise SpeedrunError(f"{shards_dir / entry['file']}: {len(tokens)} tokens (manifest: "
-                                f"{entry['tokens']}) or its BOS index in {bos_dir} is missing or stale")
+        shard = shards_dir / entry["file"]
+        if len(tokens) != entry["tokens"]:
+            raise SpeedrunError(f"{shard}: {len(tokens)} tokens, its manifest says {entry['tokens']}: the shard "
+                                f"changed since the tokenize stage wrote it; rerun it")
+        if index is None:
+            raise SpeedrunError(f"{shard}: no BOS index in {bos_dir}/manifest.json; run the bos_index stage on "
+                                f"{shards_dir}")
+        if index["shard_sha256"] != entry["sha256"]:
+            raise SpeedrunError(f"{shard}: its BOS index in {bos_dir} is stale (made from a shard of sha256 "
+                                f"{index['shard_sha256'][:12]}..., this one is {entry['sha256'][:12]}...); rerun "
+                                f"the bos_index stage")
         arrays.append((tokens, np.load(bos_dir / index["file"]).astype(np.int64)))
     stream = [{"file": e["file"], "tokens": e["tokens"], "sha256": e["sha256"]} for e in train]
     return TrainingData(val_tokens=arrays[0][0], val_bos=arrays[0][1],
