@@ -1,5 +1,5 @@
-"""`speedrun bos-index`: positions against a naive scan, manifest, stale and corrupt shards; and
-opening a tokenized dataset for training (`speedrun.data.dataset.open_dataset`)."""
+"""`speedrun bos-index`: positions against a naive scan, manifest, stale and corrupt shards, refused output
+folders; and opening a tokenized dataset for training (`speedrun.data.dataset.open_dataset`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from speedrun.bos_index import bos_positions, build_bos_index
+from speedrun.cli import main as cli_main
 from speedrun.data.dataset import open_dataset
 from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
@@ -97,3 +98,46 @@ def test_open_dataset_refuses_stale_index(shards_dir, tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(SpeedrunError, match="toy_val_000000.bin with sha256 ffff.*stale"):
         open_dataset(shards_dir, tmp_path / "bos")
+
+
+def tree(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out, message", [
+    (".", "the output directory is the input"),
+    ("..", "the output directory contains the input"),
+    ("bos", "the output directory lies inside the input"),
+])
+def test_out_dir_among_the_inputs_is_refused(shards_dir, capsys, out, message):
+    (shards_dir.parent / "README").write_text("mine")
+    before = tree(shards_dir.parent)
+    assert len([name for name in before if name.endswith(".bin")]) >= 3
+    args = ["bos-index", "--shards-dir", str(shards_dir), "--out-dir", str(shards_dir / out)]
+    assert cli_main(args) == 2
+    assert message in capsys.readouterr().err
+    assert tree(shards_dir.parent) == before
+
+
+def test_out_dir_that_is_not_a_previous_index_is_refused(shards_dir, tmp_path, capsys):
+    other = tmp_path / "other"
+    tokenize_documents(tmp_path / "d.parquet", "toy", 3000, other)  # a shard folder is not a BOS index
+    before = tree(other)
+    assert cli_main(["bos-index", "--shards-dir", str(shards_dir), "--out-dir", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "other: not empty and not a previous output of speedrun bos-index" in err
+    assert "found manifest.json, toy_train_000001.bin" in err
+    assert tree(other) == before
+    build_bos_index(shards_dir, tmp_path / "bos")  # a previous BOS index is replaced in place
+    again = build_bos_index(shards_dir, tmp_path / "bos")
+    assert json.loads((tmp_path / "bos" / "manifest.json").read_text()) == again
+
+
+def test_manifest_entry_without_sha256_is_named(shards_dir, tmp_path):
+    path = shards_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["shards"][1]["sha256"]
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpeedrunError, match=r"shards/manifest.json: shards\[1\] has no key 'sha256'"):
+        build_bos_index(shards_dir, tmp_path / "bos")
+    assert not (tmp_path / "bos").exists()

@@ -1,18 +1,21 @@
 """`speedrun tokenize`: shard byte layout, document splitting across shards, manifest, thread-count
-invariance, and input errors."""
+invariance, input errors, and output folders that are refused (among the inputs, or someone else's)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from speedrun.cli import main as cli_main
-from speedrun.data.shards import load_shard
+from speedrun.data.shards import load_shard, write_shard
 from speedrun.data.tokenizer import gpt2_encoding
 from speedrun.errors import SpeedrunError
 from speedrun.tokenize import tokenize_documents
@@ -81,11 +84,90 @@ def test_thread_count_does_not_change_bytes(tmp_path):
 def test_stale_output_is_replaced_atomically(tmp_path):
     docs = write_parquet(tmp_path / "d.parquet", ["Hello world"] * 4)
     out = tmp_path / "shards"
-    out.mkdir()
-    (out / "toy_train_000099.bin").write_bytes(b"stale")
-    tokenize_documents(docs, "toy", 5, out)
-    assert "toy_train_000099.bin" not in shard_bytes(out)
+    tokenize_documents(docs, "toy", 2, out)  # a previous output: 12 tokens in 6 shards
+    (out / ".snakemake_timestamp").touch()
+    assert "toy_train_000005.bin" in shard_bytes(out)
+    tokenize_documents(docs, "toy", 5, out)  # rerun in place, as the workflow does
+    assert sorted(shard_bytes(out)) == ["manifest.json", "toy_train_000001.bin", "toy_train_000002.bin",
+                                        "toy_val_000000.bin"]
+    assert json.loads((out / "manifest.json").read_text())["shard_tokens"] == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.parquet", "shards"]
+
+
+def tree(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out, message", [
+    ("home/mydocs", r"home/mydocs: the output directory contains the input .*home/mydocs/a.txt"),
+    ("home/mydocs/a.txt", r"a.txt: the output directory is the input .*home/mydocs/a.txt"),
+    ("home/mydocs/a.txt/sub", r"sub: the output directory lies inside the input .*home/mydocs/a.txt"),
+    ("home", r"home: the output directory contains the input"),
+])
+def test_out_dir_among_the_inputs_is_refused(tmp_path, capsys, out, message):
+    home = tmp_path / "home" / "mydocs"
+    home.mkdir(parents=True)
+    (home / "a.txt").write_text("Hello world")
+    (home / "b.txt").write_text("Hello world again")
+    (home / "notes.md").write_text("mine")
+    before = tree(tmp_path)
+    args = ["tokenize", "--documents", str(home / "a.txt"), str(home / "b.txt"), "--out-dir", str(tmp_path / out),
+            "--dataset", "x", "--shard-tokens", "2"]
+    assert cli_main(args) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert tree(tmp_path) == before and sorted(p.name for p in home.iterdir()) == ["a.txt", "b.txt", "notes.md"]
+
+
+def test_out_dir_holding_pretokenized_inputs_is_refused(tmp_path, capsys):
+    home = tmp_path / "home3"
+    home.mkdir()
+    paths = [home / "fw_val_000000.bin", home / "fw_train_000001.bin"]
+    for path in paths:
+        write_shard(path, np.array([BOS, HELLO, WORLD], dtype=np.uint16))
+    before = tree(home)
+    assert cli_main(["tokenize", "--pretokenized", *map(str, paths), "--out-dir", str(home), "--dataset", "x"]) == 2
+    assert "home3: the output directory contains the input" in capsys.readouterr().err
+    assert tree(home) == before
+
+
+@pytest.mark.parametrize("contents, found", [
+    ({"notes.md": b"mine"}, "found notes.md"),
+    ({"manifest.json": b'{"shards": [{"file": "other.bin"}]}', "other.bin": b"x"},
+     "found manifest.json, other.bin"),  # a manifest without 'tokenizer': not a shard folder
+    ({"manifest.json": json.dumps({"tokenizer": "gpt2", "shards": [{"file": "a.bin"}]}).encode(),
+      "a.bin": b"x", "notes.md": b"mine"}, "found notes.md"),  # a shard folder plus a file it never holds
+])
+def test_out_dir_that_is_not_a_previous_output_is_refused(tmp_path, capsys, contents, found):
+    docs = write_parquet(tmp_path / "d.parquet", ["Hello world"] * 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, data in contents.items():
+        (out / name).write_bytes(data)
+    args = ["tokenize", "--documents", str(docs), "--out-dir", str(out), "--dataset", "x", "--shard-tokens", "5"]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "out: not empty and not a previous output of speedrun tokenize" in err and found in err
+    assert tree(out) == {name: data for name, data in contents.items()}
+
+
+def test_stream_with_ids_beyond_gpt2_is_refused(tmp_path, capsys):
+    write_shard(tmp_path / "bad.bin", np.array([BOS, HELLO, 60000, WORLD], dtype=np.uint16))
+    args = ["tokenize", "--streams", str(tmp_path / "bad.bin"), "--out-dir", str(tmp_path / "shards"),
+            "--dataset", "x", "--shard-tokens", "2"]
+    assert cli_main(args) == 2
+    assert "bad.bin: token 2 is 60000, not a GPT-2 id (expected < 50257)" in capsys.readouterr().err
+    assert not (tmp_path / "shards").exists()
+
+
+def test_shard_tokens_beyond_the_header_is_refused(tmp_path, capsys):
+    docs = write_parquet(tmp_path / "d.parquet", ["Hello world"] * 4)
+    args = ["tokenize", "--documents", str(docs), "--out-dir", str(tmp_path / "shards"), "--dataset", "x",
+            "--shard-tokens", str(2**31)]
+    assert cli_main(args) == 2
+    assert "shard_tokens 2147483648 exceeds 2147483647" in capsys.readouterr().err
+    assert not (tmp_path / "shards").exists()
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["properties"]["data"]["properties"]["shard_tokens"]["maximum"] == 2**31 - 1
 
 
 def test_errors_leave_nothing_behind(tmp_path):

@@ -32,10 +32,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from speedrun.atomic import atomic_path, write_json
-from speedrun.data.dataset import MANIFEST, atomic_directory
+from speedrun.data.dataset import MANIFEST, SHARDS, atomic_directory
 from speedrun.data.documents import iter_text_batches
 from speedrun.data.encode import EncoderPool
-from speedrun.data.pretokenized import add_pretokenized
+from speedrun.data.pretokenized import add_pretokenized, check_gpt2_ids
 from speedrun.data.shards import (
     BOS_ID,
     HEADER_INTS,
@@ -127,12 +127,16 @@ def tokenize_documents(documents: str | Path | Sequence[str | Path], dataset: st
     ``threads`` worker processes encode; ``text_column`` names the parquet column or JSON field. Writes
     ``{dataset}_val_000000.bin``, ``{dataset}_train_000001.bin``, ... and ``manifest.json`` (docs/formats.md)
     into ``out_dir`` as a whole, atomically; returns the manifest. Raises :class:`SpeedrunError` on a bad file,
-    column or document (:mod:`speedrun.data.documents`), a bad ``dataset``, ``shard_tokens`` or ``threads``,
-    no document, fewer tokens than a validation shard plus one train token, or a failed write.
+    column or document (:mod:`speedrun.data.documents`), a bad ``dataset``, ``shard_tokens`` (1..2**31 - 1, the
+    header's int32 count) or ``threads``, no document, fewer tokens than a validation shard plus one train token,
+    or a failed write; and, before any work, for an ``out_dir`` that is, contains or lies inside an input, or
+    that is neither absent, empty nor a previous shard folder
+    (:func:`~speedrun.data.dataset.check_output_directory`).
     """
     documents, out_dir = _paths(documents), Path(out_dir)
     _check_arguments(dataset, shard_tokens, threads)
-    with EncoderPool(threads) as pool, _writing(out_dir), atomic_directory(out_dir) as tmp:
+    with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=documents) as tmp, \
+            EncoderPool(threads) as pool:
         writer = ShardWriter(tmp, dataset, shard_tokens)
         counter = _Counter(_document_batches(documents, text_column))
         for tokens in pool.map(counter):
@@ -178,16 +182,18 @@ def shard_streams(streams: Sequence[str | Path], dataset: str, shard_tokens: int
     """Cut token streams (:func:`tokenize_to_stream`), concatenated in order, into the shards of ``out_dir``.
 
     The result is byte for byte what :func:`tokenize_documents` makes of the same files. Raises
-    :class:`SpeedrunError` for a bad stream header (the file is named) and as :func:`tokenize_documents`.
+    :class:`SpeedrunError` for a bad stream header or a token id of 50257 or more (the file and position are
+    named, :func:`~speedrun.data.pretokenized.check_gpt2_ids`) and as :func:`tokenize_documents`.
     """
     streams, out_dir = _paths(streams), Path(out_dir)
     _check_arguments(dataset, shard_tokens, 1)
-    with _writing(out_dir), atomic_directory(out_dir) as tmp:
+    with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=streams) as tmp:
         writer, documents = ShardWriter(tmp, dataset, shard_tokens), 0
         for path in streams:
             tokens = load_shard(path)
             if len(tokens) == 0 or int(tokens[0]) != BOS_ID:
                 raise SpeedrunError(f"{path}: a token stream must start with a document (token {BOS_ID})")
+            check_gpt2_ids(path, tokens)
             documents += int(np.count_nonzero(tokens == BOS_ID))
             writer.add(tokens)
         writer.close()
@@ -200,11 +206,12 @@ def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str
     """Take pre-tokenized shards (validation first) as the dataset ``dataset`` in ``out_dir``, with a manifest.
 
     ``shard_tokens`` in the manifest is the largest shard's token count. Raises :class:`SpeedrunError` for a
-    bad order, header, size or token id (:mod:`speedrun.data.pretokenized`).
+    bad order, header, size or token id (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as
+    in :func:`tokenize_documents`.
     """
     shards, out_dir = _paths(shards), Path(out_dir)
     _check_arguments(dataset, 1, 1)
-    with _writing(out_dir), atomic_directory(out_dir) as tmp:
+    with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=shards) as tmp:
         entries = add_pretokenized(shards, dataset, tmp)
         documents = sum(entry["documents"] for entry in entries)
         shard_entries = [{k: v for k, v in entry.items() if k != "documents"} for entry in entries]
@@ -220,6 +227,9 @@ def _check_arguments(dataset: str, shard_tokens: int, threads: int) -> None:
         raise SpeedrunError(f"dataset name {dataset!r} must be letters, digits, '_', '.' or '-'")
     if shard_tokens < 1:
         raise SpeedrunError(f"shard_tokens must be a positive number of tokens, got {shard_tokens}")
+    if shard_tokens > _MAX_STREAM_TOKENS:
+        raise SpeedrunError(f"shard_tokens {shard_tokens} exceeds {_MAX_STREAM_TOKENS}, the largest token count "
+                            "a shard header (int32) can hold")
     if threads < 1:
         raise SpeedrunError(f"threads must be >= 1, got {threads}")
 

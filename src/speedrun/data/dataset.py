@@ -4,7 +4,9 @@
 ``results/bos_index/{dataset}/`` holds one ``<shard stem>.npy`` per shard and ``manifest.json`` (written
 by ``speedrun bos-index``); docs/formats.md gives both layouts. Both directories are written as a whole:
 built in a temporary directory beside the target, then renamed (:func:`atomic_directory`), so a
-directory under its final name is always complete.
+directory under its final name is always complete. As writing replaces the whole directory, an output
+directory is first checked (:func:`check_output_directory`): it must lie apart from the inputs and be
+absent, empty, or a previous output of the same stage.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -24,16 +26,101 @@ from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
 
 MANIFEST = "manifest.json"
+SHARD_ENTRY_KEYS = ("file", "split", "tokens", "sha256")  # of each shard in the tokenize manifest
+SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"  # what Snakemake may touch inside a directory() output
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """The output directory of one stage. ``stage``: the command, for messages; ``marker``: a key that
+    the stage's ``manifest.json`` always holds and the other stage's never does."""
+
+    stage: str
+    marker: str
+
+
+SHARDS = OutputKind("speedrun tokenize", "tokenizer")
+BOS_INDEX = OutputKind("speedrun bos-index", "bos_id")
+
+
+def _relation(out: Path, inp: Path) -> str | None:
+    if out == inp:
+        return "is"
+    if out in inp.parents:
+        return "contains"
+    if inp in out.parents:
+        return "lies inside"
+    return None
+
+
+def _check_apart(out: Path, inputs: Iterable[str | os.PathLike[str]]) -> None:
+    """Refuse ``out`` when it is, contains or lies inside an input, compared both as written (made
+    absolute) and with symbolic links resolved."""
+    for inp in map(Path, inputs):
+        for a, b in ((Path(os.path.abspath(out)), Path(os.path.abspath(inp))), (out.resolve(), inp.resolve())):
+            relation = _relation(a, b)
+            if relation is not None:
+                raise SpeedrunError(
+                    f"{out}: the output directory {relation} the input {inp}; writing it replaces the whole "
+                    "directory, so give an output directory apart from the inputs"
+                )
+
+
+def _unexpected_entries(out: Path, kind: OutputKind) -> list[str]:
+    """What in the existing directory ``out`` a previous output of ``kind`` would not hold ([] if none):
+    everything when its manifest is missing, unreadable or of another stage."""
+    names = sorted(p.name for p in out.iterdir())
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        ours = isinstance(manifest, dict) and kind.marker in manifest
+        listed = {str(entry["file"]) for entry in manifest["shards"]} if ours else None
+    except (OSError, ValueError, TypeError, KeyError):  # missing, not JSON, not a list of {file}
+        listed = None
+    if listed is None:
+        return names
+    allowed = listed | {MANIFEST, SNAKEMAKE_TIMESTAMP}
+    return [n for n in names if n not in allowed or not (out / n).is_file() or (out / n).is_symlink()]
+
+
+def check_output_directory(path: str | os.PathLike[str], kind: OutputKind,
+                           inputs: Iterable[str | os.PathLike[str]]) -> None:
+    """Check that writing the output directory ``path`` of stage ``kind`` (which replaces it whole)
+    destroys nothing but a previous output of that stage.
+
+    Refused with a :class:`SpeedrunError` naming ``path``: (a) ``path`` is, contains or lies inside one
+    of ``inputs`` (files or directories); (b) ``path`` exists and is not a directory, or is a non-empty
+    directory that is not a previous output of ``kind``. The rule for (b): a previous output holds a
+    ``manifest.json`` with ``kind.marker`` (``tokenizer`` for shards, ``bos_id`` for BOS indices) and
+    otherwise only the plain files its manifest lists under ``shards`` (and Snakemake's
+    ``.snakemake_timestamp``); anything else means the directory is someone's, and is not deleted.
+    """
+    out = Path(path)
+    _check_apart(out, inputs)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise SpeedrunError(f"{out}: exists and is not a directory; expected an output directory of {kind.stage}")
+    unexpected = _unexpected_entries(out, kind)
+    if unexpected:
+        shown = ", ".join(unexpected[:5]) + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
+        raise SpeedrunError(
+            f"{out}: not empty and not a previous output of {kind.stage} (expected a {MANIFEST} with "
+            f"{kind.marker!r} and only the files it lists; found {shown}); refusing to replace it: give a new "
+            "or empty output directory"
+        )
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike[str], *, kind: OutputKind,
+                     inputs: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path``; make it ``path`` if the block succeeds.
 
-    A directory already at ``path`` (a stale output) is replaced: it is moved aside, the new one renamed
-    into place, then the old one deleted. On an exception the temporary directory is deleted and
-    ``path`` is untouched.
+    First, before anything is written, ``path`` is checked against ``kind`` and ``inputs``
+    (:func:`check_output_directory`; raises :class:`SpeedrunError`). A directory already at ``path`` (a
+    previous output of the same stage) is replaced: it is moved aside, the new one renamed into place, then
+    the old one deleted. On an exception the temporary directory is deleted and ``path`` is untouched.
     """
+    check_output_directory(path, kind, inputs)
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}.", dir=final.parent))
@@ -52,10 +139,13 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def read_manifest(directory: str | os.PathLike[str], list_key: str) -> dict[str, Any]:
-    """The ``manifest.json`` of ``directory``, checked to hold a list under ``list_key``.
+def read_manifest(directory: str | os.PathLike[str], list_key: str,
+                  entry_keys: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``manifest.json`` of ``directory``, checked to hold a list under ``list_key`` whose entries
+    are objects holding every key of ``entry_keys``.
 
-    Raises :class:`SpeedrunError` when it is missing, not JSON, or lacks the list.
+    Raises :class:`SpeedrunError` naming the file when it is missing, not JSON, lacks the list, or an
+    entry is not an object or lacks a key (the entry's index and the key are named).
     """
     path = Path(directory) / MANIFEST
     if not path.is_file():
@@ -66,6 +156,13 @@ def read_manifest(directory: str | os.PathLike[str], list_key: str) -> dict[str,
         raise SpeedrunError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get(list_key), list):
         raise SpeedrunError(f"{path}: expected an object with a list {list_key!r}")
+    for index, entry in enumerate(manifest[list_key]):
+        if not isinstance(entry, dict):
+            raise SpeedrunError(f"{path}: {list_key}[{index}] is not an object")
+        missing = [key for key in entry_keys if key not in entry]
+        if missing:
+            raise SpeedrunError(f"{path}: {list_key}[{index}] has no key {missing[0]!r} "
+                                f"(expected {', '.join(entry_keys)})")
     return manifest
 
 
@@ -90,8 +187,8 @@ def open_dataset(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[
     as the shard manifest (a stale index is refused) and each index must hold its listed count.
     Raises :class:`SpeedrunError` otherwise, or when there is no train shard.
     """
-    shards = read_manifest(shards_dir, "shards")["shards"]
-    indices = read_manifest(bos_dir, "shards")["shards"]
+    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)["shards"]
+    indices = read_manifest(bos_dir, "shards", ("file", "shard", "shard_sha256", "count"))["shards"]
     splits = [shard["split"] for shard in shards]
     if len(splits) < 2 or splits[0] != "val" or set(splits[1:]) != {"train"}:
         raise SpeedrunError(

@@ -26,6 +26,21 @@ from speedrun.errors import SpeedrunError
 CHUNK_TOKENS = 1 << 23
 
 
+def check_gpt2_ids(path: str | os.PathLike[str], tokens: np.ndarray, offset: int = 0) -> None:
+    """Check that every id of ``tokens`` ((N,) uint16, memory-mapped or not; at position ``offset`` in the
+    file ``path``) is below 50257, GPT-2's vocabulary: a larger id would index past the embedding.
+
+    Read in chunks of ``CHUNK_TOKENS``. Raises :class:`SpeedrunError` naming the file, the first bad
+    position and its id.
+    """
+    for start in range(0, len(tokens), CHUNK_TOKENS):
+        chunk = np.asarray(tokens[start:start + CHUNK_TOKENS])
+        if int(chunk.max()) >= N_VOCAB:
+            bad = int(np.flatnonzero(chunk >= N_VOCAB)[0])
+            raise SpeedrunError(f"{path}: token {offset + start + bad} is {int(chunk[bad])}, not a GPT-2 id "
+                                f"(expected < {N_VOCAB})")
+
+
 def scan_shard(path: Path) -> dict[str, Any]:
     """``{tokens, documents, sha256}`` of the shard at ``path``: token count, BOS count and the file's sha256.
 
@@ -39,10 +54,7 @@ def scan_shard(path: Path) -> dict[str, Any]:
         while chunk := f.read(2 * CHUNK_TOKENS):
             digest.update(chunk)
             tokens = np.frombuffer(chunk, dtype="<u2")
-            if tokens.size and int(tokens.max()) >= N_VOCAB:
-                bad = int(np.flatnonzero(tokens >= N_VOCAB)[0])
-                raise SpeedrunError(f"{path}: token {offset + bad} is {int(tokens[bad])}, not a GPT-2 id "
-                                    f"(expected < {N_VOCAB})")
+            check_gpt2_ids(path, tokens, offset)
             documents += int(np.count_nonzero(tokens == BOS_ID))
             offset += tokens.size
     return {"tokens": count, "documents": documents, "sha256": digest.hexdigest()}
