@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from hub_server import HubServer, fineweb_parquet_bytes, git_blob_sha1, shard_bytes
 
 from speedrun.download import (
     HubFile,
+    check_arguments,
     download_file,
+    download_path,
     file_hashes,
     fineweb_parquet_files,
     pretokenized_shard_files,
     repo_slug,
+    revision_slug,
     staging_dir,
 )
 from speedrun.errors import SpeedrunError
@@ -84,6 +89,33 @@ def test_repo_slug() -> None:
     for bad in ("fineweb", "a/b/c", "a--b/c", "/x"):
         with pytest.raises(SpeedrunError, match="owner/name"):
             repo_slug(bad)
+
+
+def test_revision_slug() -> None:
+    assert [revision_slug(r) for r in ("main", "v1.0", "a" * 40)] == ["main", "v1.0", "a" * 40]  # readable
+    assert revision_slug("refs/pr/1") == "refs%2Fpr%2F1"
+    assert revision_slug("..") == "%2E." and revision_slug(".hidden") == "%2Ehidden"
+    revisions = ["refs/pr/1", "refs%2Fpr%2F1", "refs--pr--1", "a/b", "a%2Fb", "..", "%2E.", "v 1", "v+1", "~x"]
+    slugs = [revision_slug(r) for r in revisions]
+    assert len(set(slugs)) == len(revisions)  # one to one
+    assert all("/" not in slug and not slug.startswith(".") for slug in slugs)
+    assert [unquote(slug) for slug in slugs] == revisions  # percent-decoding inverts it
+    with pytest.raises(SpeedrunError, match="revision is empty"):
+        revision_slug("")
+
+
+def test_two_revisions_of_one_repo_land_in_two_paths(hub: HubServer, tmp_path: Path) -> None:
+    """The reported bug: a config at another revision reran the job of the same path and deleted main's file."""
+    assert download_path(REPO, "main", "fineweb_train_000001.bin") == (
+        "results/download/kjj0--fineweb10B-gpt2/main/fineweb_train_000001.bin")
+    assert download_path(RAW, "refs/pr/1", PARQUET) == (
+        "results/download/HuggingFaceFW--fineweb/refs%2Fpr%2F1/sample/10BT/000_00000.parquet")
+    main, v99 = (tmp_path / download_path(REPO, revision, VAL) for revision in ("main", "v99"))
+    assert main != v99
+    _get(hub, VAL, main)
+    with pytest.raises(SpeedrunError, match="revision not found"):
+        _get(hub, VAL, v99, revision="v99")
+    assert main.read_bytes() == SHARD and not v99.exists()
 
 
 def test_retry_delays() -> None:
@@ -173,6 +205,16 @@ def test_unreachable_hub_is_retried_then_named(tmp_path: Path) -> None:
     assert sleeps == [0.25] and not (tmp_path / VAL).exists()
 
 
+@pytest.mark.parametrize("kind, options", [("status", {"status": 503}), ("short", {})])
+def test_failed_download_leaves_no_staging_folder(hub: HubServer, tmp_path: Path, kind, options) -> None:
+    out = tmp_path / "dl" / "cut.bin"
+    hub.fail(VAL, kind, times=10, **options)
+    with pytest.raises(SpeedrunError, match="gave up after 4 attempts"):
+        _get(hub, VAL, out, sleep=Sleeps())
+    assert len(hub.gets(VAL)) >= 4  # the body was requested (and staged) on every attempt
+    assert not staging_dir(out).exists() and list(out.parent.iterdir()) == []
+
+
 def test_body_cut_short_is_redone(hub: HubServer, tmp_path: Path) -> None:
     hub.fail(VAL, "cut")
     _get(hub, VAL, tmp_path / VAL, sleep=Sleeps())
@@ -241,6 +283,24 @@ def test_expected_size_and_sha256(hub: HubServer, tmp_path: Path) -> None:
     assert (tmp_path / VAL).read_bytes() == SHARD
 
 
+def test_bad_arguments_are_refused_before_any_request(hub: HubServer, tmp_path: Path) -> None:
+    (tmp_path / "dl").mkdir()
+    bad = [({"repo": "kjj0"}, "--repo 'kjj0': expected a dataset repository 'owner/name'"),
+           ({"sha256": "deadbeef"}, "--sha256 'deadbeef': expected the file's sha256 as 64 hex digits, got 8"),
+           ({"sha256": "g" * 64}, "--sha256 'ggg"),
+           ({"out": tmp_path / "dl"}, f"--out {tmp_path / 'dl'}: is an existing folder; expected the path of the "
+                                      f"file to write (e.g. --out {tmp_path / 'dl' / VAL})")]
+    for kwargs, message in bad:
+        out = kwargs.pop("out", tmp_path / "dl" / VAL)
+        with pytest.raises(SpeedrunError, match=f"^{re.escape(message)}"):
+            _get(hub, VAL, out, **kwargs)
+        with pytest.raises(SpeedrunError, match=f"^{re.escape(message)}"):
+            check_arguments(kwargs.get("repo", REPO), file=VAL, out=out, sha256=kwargs.get("sha256"))
+    assert hub.requests == []
+    assert list(tmp_path.iterdir()) == [tmp_path / "dl"] and list((tmp_path / "dl").iterdir()) == []
+    check_arguments(REPO, file=VAL, out=tmp_path / "dl" / VAL, sha256="AB" * 32)  # upper-case hex is fine
+
+
 def test_list_remote_files(hub: HubServer) -> None:
     commit, files = list_remote_files(RAW, "main", "sample/10BT", endpoint=hub.url)
     assert commit == hub.repo(RAW).commit
@@ -279,6 +339,28 @@ def test_command_uses_hf_endpoint_and_token(hub: HubServer, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == SHARD
     assert hashlib.sha256(SHARD).hexdigest() in done.stdout
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--sha256", "deadbeef", "--sha256 'deadbeef': expected the file's sha256 as 64 hex digits"),
+    ("--out", "{dl}", "--out {dl}: is an existing folder; expected the path of the file to write (e.g. --out {val})"),
+    ("--repo", "kjj0", "--repo 'kjj0': expected a dataset repository 'owner/name'"),
+])
+def test_command_refuses_bad_arguments_before_any_request(hub: HubServer, tmp_path: Path,
+                                                          option, value, message) -> None:
+    work = tmp_path / "work"
+    (work / "dl").mkdir(parents=True)
+    value, message = (text.format(dl=work / "dl", val=work / "dl" / VAL) for text in (value, message))
+    args = {"--repo": REPO, "--file": VAL, "--out": str(work / "dl" / VAL), option: value}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf-home"))
+    proc = subprocess.run([sys.executable, "-m", "speedrun", "download", *(a for kv in args.items() for a in kv)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"speedrun download: error: {message}")
+    assert hub.requests == []
+    assert [p.name for p in work.iterdir()] == ["dl"] and list((work / "dl").iterdir()) == []
 
 
 def test_command_lists_files(hub: HubServer, tmp_path: Path) -> None:

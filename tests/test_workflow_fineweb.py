@@ -117,7 +117,7 @@ def test_fineweb_source(hub: HubServer, tmp_path: Path) -> None:
     snakemake(workdir, hub, "results/bos_index/fw")
 
     served = hub.repo(RAW).files
-    downloads = workdir / "results/download/HuggingFaceFW--fineweb/sample/10BT"
+    downloads = workdir / "results/download/HuggingFaceFW--fineweb/main/sample/10BT"
     assert sorted(p.name for p in downloads.iterdir()) == ["000_00000.parquet", "001_00000.parquet"]
     for path in downloads.iterdir():
         assert path.read_bytes() == served[f"sample/10BT/{path.name}"]
@@ -161,7 +161,19 @@ def test_fineweb_gpt2_source(hub: HubServer, tmp_path: Path) -> None:
     check_bos_index(workdir, "fineweb", names)
     assert "rule train:" in snakemake(workdir, hub, "-n", "report").stdout
 
+    # Another revision of the same repository downloads to its own paths: its failure ("revision not found")
+    # leaves the files of revision main as they were (they shared one path, and Snakemake deleted them).
+    downloads = workdir / "results/download/kjj0--fineweb10B-gpt2"
     cfg = yaml.safe_load((workdir / "config.yaml").read_text())
+    cfg["data"]["fineweb_gpt2"]["revision"] = "v99"
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    failed = snakemake(workdir, hub, "results/bos_index/fineweb", check=False)
+    assert failed.returncode != 0
+    logs = list((workdir / "logs/download/kjj0--fineweb10B-gpt2/v99").glob("*.bin.log"))
+    assert logs and all("revision not found" in log.read_text() for log in logs)
+    assert {p.name: p.read_bytes() for p in (downloads / "main").iterdir()} == {n: GPT2_FILES[n] for n in names}
+    assert not list((downloads / "v99").glob("*.bin"))
+    cfg["data"]["fineweb_gpt2"]["revision"] = "main"
     cfg["train"]["val_tokens"] = 8192
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     refused = snakemake(workdir, hub, "-n", "report", check=False)

@@ -5,7 +5,9 @@ of ``HuggingFaceFW/fineweb`` (config ``sample-10BT``: ``sample/10BT/000_00000.pa
 ``014_00000.parquet``) and the pre-tokenized GPT-2 shards of ``kjj0/fineweb10B-gpt2``
 (``fineweb_val_000000.bin``, ``fineweb_train_000001.bin`` ...) that modded-nanogpt's
 ``data/cached_fineweb10B.py`` fetches. The workflow runs one ``speedrun download`` job per remote file, so
-files download in parallel and a finished file is never fetched again.
+files download in parallel and a finished file is never fetched again; each file lies at
+:func:`download_path`, ``results/download/<owner>--<name>/<revision>/<path in repo>``, so that the files of two
+revisions of one repository never share a path.
 
 A download goes through ``huggingface_hub`` (``hf_hub_download``, ``repo_type="dataset"``):
 
@@ -15,7 +17,11 @@ A download goes through ``huggingface_hub`` (``hf_hub_download``, ``repo_type="d
    (``.{name}.download/``). ``huggingface_hub`` resumes a body cut short within the call (HTTP ``Range``);
    a download that still fails is redone on the next attempt, never taken as complete.
 3. Its size and hash are checked against the Hub's (and ``--expected-size``/``--sha256`` when given);
-   only then is it renamed to the output path and the staging folder removed.
+   only then is it renamed to the output path. The staging folder is removed whether the download succeeds or
+   fails (only a killed process leaves it; the next attempt then drops its partial files).
+
+Arguments that no download can satisfy (``--repo`` not ``owner/name``, ``--sha256`` not 64 hex digits, ``--out``
+an existing folder) are refused by :func:`check_arguments` before any request.
 
 429, 408 and 5xx answers and connection errors are retried with exponential backoff, honoring
 ``Retry-After`` (:class:`RetryPolicy`); a missing repository, revision or file, a gated repository, or a
@@ -34,6 +40,7 @@ import re
 import shutil
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,6 +52,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _FINEWEB_CONFIG = re.compile(r"^sample-(\d+BT)$")
 _HASH_CHUNK = 1 << 22
+DOWNLOAD_ROOT = "results/download"
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,30 @@ def repo_slug(repo: str) -> str:
     if not (owner and slash and name) or "/" in name or "--" in repo:
         raise SpeedrunError(f"dataset repository {repo!r}: expected 'owner/name' (e.g. kjj0/fineweb10B-gpt2)")
     return f"{owner}--{name}"
+
+
+def revision_slug(revision: str) -> str:
+    """The folder of a revision's files under ``results/download/<owner>--<name>/``: ``revision`` percent-encoded.
+
+    Letters, digits and ``_.-~`` stay as they are, so a branch, tag or commit reads unchanged (``main``,
+    ``v1.0``, 40 hex digits); ``/`` and every other byte become ``%XX`` (``refs/pr/1`` -> ``refs%2Fpr%2F1``), and
+    a leading ``.`` becomes ``%2E`` (no hidden folder, no ``..``). The mapping is one to one
+    (``urllib.parse.unquote`` inverts it), so two revisions never share a folder. Raises
+    :class:`SpeedrunError` for an empty revision.
+    """
+    if not revision:
+        raise SpeedrunError("revision is empty: expected a branch, tag or commit (e.g. main)")
+    slug = urllib.parse.quote(revision, safe="")
+    return "%2E" + slug[1:] if slug.startswith(".") else slug
+
+
+def download_path(repo: str, revision: str, path: str) -> str:
+    """Where the workflow keeps file ``path`` of dataset ``repo`` at ``revision``, relative to the workdir:
+    ``results/download/{repo_slug(repo)}/{revision_slug(revision)}/{path}``.
+
+    Raises :class:`SpeedrunError` for a repository not ``owner/name`` or an empty revision.
+    """
+    return f"{DOWNLOAD_ROOT}/{repo_slug(repo)}/{revision_slug(revision)}/{path}"
 
 
 def fineweb_parquet_files(config_name: str, count: int) -> list[str]:
@@ -162,6 +194,28 @@ def staging_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.download"
 
 
+def check_arguments(repo: str, *, file: str | None = None, out: str | os.PathLike[str] | None = None,
+                    sha256: str | None = None) -> None:
+    """Refuse, before any request, arguments that no download can satisfy; each error names its option.
+
+    Raises:
+        SpeedrunError: ``repo`` is not ``owner/name`` (``--repo``), ``sha256`` is not 64 hex digits
+            (``--sha256``), or ``out`` is an existing folder (``--out``: the path of the file is expected).
+    """
+    try:
+        repo_slug(repo)
+    except SpeedrunError:
+        raise SpeedrunError(f"--repo {repo!r}: expected a dataset repository 'owner/name' "
+                            f"(e.g. kjj0/fineweb10B-gpt2)") from None
+    if sha256 is not None and not _SHA256.fullmatch(sha256.lower()):
+        raise SpeedrunError(f"--sha256 {sha256!r}: expected the file's sha256 as 64 hex digits, "
+                            f"got {len(sha256)} characters")
+    if out is not None and Path(out).is_dir():
+        example = Path(out) / Path(file).name if file else Path(out) / "<file name>"
+        raise SpeedrunError(f"--out {out}: is an existing folder; expected the path of the file to write "
+                            f"(e.g. --out {example})")
+
+
 def download_file(remote: HubFile, out: str | os.PathLike[str], *, token: str | None = None,
                   expected_size: int | None = None, sha256: str | None = None,
                   policy: RetryPolicy = RetryPolicy(), sleep: Callable[[float], None] = time.sleep) -> Downloaded:
@@ -176,9 +230,11 @@ def download_file(remote: HubFile, out: str | os.PathLike[str], *, token: str | 
         policy, sleep: retries of transient failures (:func:`with_retries`).
 
     Raises:
-        SpeedrunError: the repository, revision or file does not exist or is gated, retries ran out, or the
-            size or a hash does not match. ``out`` is then left absent (or as it was).
+        SpeedrunError: an argument :func:`check_arguments` refuses (before any request), the repository,
+            revision or file does not exist or is gated, retries ran out, or the size or a hash does not
+            match. ``out`` is then left absent (or as it was), and no staging folder is left.
     """
+    check_arguments(remote.repo, file=remote.path, out=out, sha256=sha256)
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 
     out = Path(out)
@@ -194,19 +250,17 @@ def download_file(remote: HubFile, out: str | os.PathLike[str], *, token: str | 
     staging = staging_dir(out)
     for stale in staging.rglob("*.incomplete") if staging.is_dir() else ():
         stale.unlink()  # left by a killed attempt; huggingface_hub >= 1.0 never resumes another process's file
-    staged = Path(with_retries(
-        lambda: hf_hub_download(remote.repo, remote.path, repo_type="dataset", revision=meta.commit_hash,
-                                local_dir=staging, token=token, endpoint=remote.endpoint,
-                                tqdm_class=progress_bar_class(remote.path)),
-        what, policy, sleep))
     try:
+        staged = Path(with_retries(
+            lambda: hf_hub_download(remote.repo, remote.path, repo_type="dataset", revision=meta.commit_hash,
+                                    local_dir=staging, token=token, endpoint=remote.endpoint,
+                                    tqdm_class=progress_bar_class(remote.path)),
+            what, policy, sleep))
         digest = _verify(staged, remote, meta.size, meta.etag, expected_size, sha256)
-    except SpeedrunError:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, out)
+    finally:  # on success and on every failure (retries spent, a check, Ctrl-C): nothing staged is kept
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staged, out)
-    shutil.rmtree(staging, ignore_errors=True)
     return Downloaded(out, meta.commit_hash, out.stat().st_size, digest)
 
 
@@ -232,6 +286,7 @@ def main(args: argparse.Namespace) -> int:
     token = os.environ.get("HF_TOKEN") or None
     policy = RetryPolicy(attempts=args.attempts, base_delay_s=args.backoff_s)
     if args.list is not None:
+        check_arguments(args.repo)
         commit, files = list_remote_files(args.repo, args.revision, args.list, token=token, policy=policy)
         print(f"# dataset {args.repo} revision {args.revision} = commit {commit}: {len(files)} files")
         for f in files:

@@ -2,7 +2,15 @@
 # so that files download in parallel, a finished file is never fetched again and a failed job leaves nothing
 # under its output name (`speedrun download` stages and checks the file before renaming it).
 # Cap parallel downloads with `--resources hub_downloads=N`; nothing here runs at planning time on the network.
-from speedrun.download import fineweb_parquet_files, pretokenized_shard_files, repo_slug
+# A file lies at results/download/<owner>--<name>/<revision, percent-encoded>/<path in repo> (download_path), so
+# a config naming another revision of the same repository downloads beside, never over, the files of the first.
+from speedrun.download import (
+    download_path,
+    fineweb_parquet_files,
+    pretokenized_shard_files,
+    repo_slug,
+    revision_slug,
+)
 
 HUB_SECTIONS = {"fineweb": "fineweb", "fineweb-gpt2": "fineweb_gpt2"}
 
@@ -24,18 +32,20 @@ def get_hub_file_names():
 
 
 def get_downloaded_files():
-    """Local paths (results/download/{repo_slug}/{file}) of the configured source's remote files."""
-    names = get_hub_file_names()
-    return [f"results/download/{repo_slug(get_hub_section()['repo'])}/{name}" for name in names]
+    """Local paths (results/download/{repo_slug}/{revision_slug}/{file}) of the configured source's remote files."""
+    section = get_hub_section()
+    return [download_path(section["repo"], section["revision"], name) for name in get_hub_file_names()]
 
 
 def get_download_section(wildcards):
+    """The config section whose repository and revision the requested download path names."""
     section = get_hub_section()
-    if section is None or repo_slug(section["repo"]) != wildcards.repo_slug:
+    wanted = f"{wildcards.repo_slug}/{wildcards.revision_slug}"
+    configured = f"{repo_slug(section['repo'])}/{revision_slug(section['revision'])}" if section else None
+    if wanted != configured:
         raise ValueError(
-            f"results/download/{wildcards.repo_slug}/: no such repository in config.yaml (data.source is "
-            f"{config['data']['source']!r}; its repository's folder is "
-            f"{repo_slug(section['repo']) if section else 'none'})"
+            f"results/download/{wanted}/: no such repository and revision in config.yaml (data.source is "
+            f"{config['data']['source']!r}; its folder is {configured or 'none'})"
         )
     return section
 
@@ -56,9 +66,10 @@ localrules:
 
 rule download_parquet:
     output:
-        "results/download/{repo_slug}/{file}",
+        "results/download/{repo_slug}/{revision_slug}/{file}",
     wildcard_constraints:
         repo_slug=r"[^/]+--[^/]+",
+        revision_slug=r"[^/]+",
         file=r"[\w.-]+(/[\w.-]+)*\.parquet",
     params:
         repo=get_download_repo,
@@ -67,7 +78,7 @@ rule download_parquet:
     resources:
         hub_downloads=1,
     log:
-        "logs/download/{repo_slug}/{file}.log",
+        "logs/download/{repo_slug}/{revision_slug}/{file}.log",
     shell:
         "speedrun download --repo {params.repo:q} --revision {params.revision:q} --file {wildcards.file:q} "
         "--out {output:q} > {log:q} 2>&1"
@@ -75,9 +86,10 @@ rule download_parquet:
 
 rule download_shard:
     output:
-        "results/download/{repo_slug}/{shard}",
+        "results/download/{repo_slug}/{revision_slug}/{shard}",
     wildcard_constraints:
         repo_slug=r"[^/]+--[^/]+",
+        revision_slug=r"[^/]+",
         shard=r"\w+_(val|train)_\d{6}\.bin",
     params:
         repo=get_download_repo,
@@ -86,7 +98,7 @@ rule download_shard:
     resources:
         hub_downloads=1,
     log:
-        "logs/download/{repo_slug}/{shard}.log",
+        "logs/download/{repo_slug}/{revision_slug}/{shard}.log",
     shell:
         "speedrun download --repo {params.repo:q} --revision {params.revision:q} --file {wildcards.shard:q} "
         "--out {output:q} > {log:q} 2>&1"
