@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Mapping
 from speedrun.analysis.comparison_tables import STATUS_MARK, welch_line, z_rule_lines
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.snippets import one_sample_snippet, welch_snippet
-from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, p_cell, runs_needed_cell, test_line
+from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, p_cell, runs_needed_cell, status_counts, test_line
 
 if TYPE_CHECKING:
     from speedrun.compare import Comparison
@@ -56,7 +56,7 @@ def not_a_record_reasons(cand: "GroupStats", c: "Comparison") -> list[str]:
 def _accounting(s: "GroupStats", side: str) -> str:
     g = s.group
     parts = [f"{len(g.runs)} log(s)", f"{s.val_loss.n} counted"]
-    parts += [f"{k} {status}" for status, k in s.incomplete.items()]
+    parts += status_counts(s.incomplete)
     if g.duplicates:
         parts.append(f"{len(g.duplicates)} duplicate(s) counted once")
     return f"- `{side}/`: " + ", ".join(parts) + "; `statistics.md` lists every run."

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.rules import PUBLIC_TARGET
-from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, text_table
+from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, status_counts, text_table
 from speedrun.analysis.tests import WelchTest, ZRule
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def n_cell(n: int, incomplete: Sequence["RunRecord"], duplicates: Sequence["RunR
     """Counted runs, and those left out by status, then the complete duplicates (an incomplete one is left out
     for its status already): ``3 (1 diverged, 1 duplicate not counted)``."""
     by_status = Counter(r.status for r in incomplete)
-    left_out = [f"{k} {status}" for status, k in sorted(by_status.items())]
+    left_out = status_counts(dict(sorted(by_status.items())))
     dups = sum(1 for r in duplicates if r.status == "complete")
     left_out += [f"{dups} duplicate{'s' * (dups != 1)}"] if dups else []
     return f"{n} ({', '.join(left_out)} not counted)" if left_out else str(n)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from speedrun.analysis.comparison_tables import STATUS_MARK
 from speedrun.analysis.groups import run_label
-from speedrun.analysis.tables import DASH, md_table, provenance_table
+from speedrun.analysis.tables import DASH, md_table, provenance_table, status_counts
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -82,7 +82,7 @@ def untestable_side(c: Mapping[str, Any], side: str) -> str | None:
     if n is None or n >= 2:
         return None
     by_status = Counter(r["status"] for r in (c.get("incomplete") or {}).get(side, []))
-    left_out = ", ".join(f"{k} {status}" for status, k in sorted(by_status.items()))
+    left_out = ", ".join(status_counts(dict(sorted(by_status.items()))))
     why = f" ({left_out})" if left_out else ""
     return f"no complete runs{why}" if n == 0 else f"only 1 complete run{why}, too few for a t-test"
 

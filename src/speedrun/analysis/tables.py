@@ -71,6 +71,11 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
         "| " + " | ".join(str(x) for x in row) + " |" for row in rows]
 
 
+def status_counts(by_status: Mapping[str, int]) -> list[str]:
+    """``["1 diverged", "2 failed"]``: each status with its run count, in the mapping's order."""
+    return [f"{k} {status}" for status, k in by_status.items()]
+
+
 def stats_table(results: Sequence["GroupStats"]) -> str:
     """The console table of ``speedrun stats``: one row per group, then notes (splits, incomplete runs...,
     and the skipped files that look like logs: :func:`skipped_notes`)."""
@@ -81,7 +86,7 @@ def stats_table(results: Sequence["GroupStats"]) -> str:
               f"runs for p<{alpha:g} / {power:.0%} power", "time mean ± std (s)", "incomplete"]
     rows = []
     for s in results:
-        incomplete = ", ".join(f"{k} {status}" for status, k in s.incomplete.items()) or DASH
+        incomplete = ", ".join(status_counts(s.incomplete)) or DASH
         rows.append([s.group.name, str(s.val_loss.n), str(s.group.steps or DASH),
                      f"{fmt(s.val_loss.mean, 4)} ± {fmt(s.val_loss.std, 4)}", p_cell(s), runs_needed_cell(s),
                      f"{fmt(s.train_time_s.mean, 2)} ± {fmt(s.train_time_s.std, 2)}", incomplete])
@@ -173,7 +178,7 @@ def _power_sentence(s: "GroupStats") -> str:
 
 def _verdict(s: "GroupStats") -> str:
     if s.val_loss.n == 0:   # no run to test: say why, as the report's verdict does
-        left_out = ", ".join(f"{k} {status}" for status, k in s.incomplete.items())
+        left_out = ", ".join(status_counts(s.incomplete))
         return f"No verdict: no complete runs ({left_out})." if left_out else "No verdict: no complete runs."
     if s.test.p_value is None:
         return f"No p-value: {s.test.reason}."
