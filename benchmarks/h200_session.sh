@@ -48,7 +48,8 @@ case "${1:?part: tests, race, restart, race28, sched28, full, sweep, long, recor
 tests)
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
-    python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt" ;;
+    python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt"
+    for cap in tanh shifted_sigmoid; do python benchmarks/softcapped_ce.py --softcap $cap; done 2>&1 | tee "$OUT/softcapped-ce.txt" ;;
 race)   # cold: 157 s of compile and warm-up with 2 graphs (2026-11-30, fourth session), so no profile here
     prepare_data
     $BENCH --config benchmarks/configs/h200-race.yaml --name race-full --compile-cache $CACHE \

@@ -10,7 +10,8 @@ Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, t
 child process this file starts (running itself as a script), as tests/test_kernels_relu_square.py explains.
 The cases cover a vocabulary smaller than one block of columns, one of several blocks with a ragged end, a
 target in the last partial block, and every softcap kind. The e5m2 gradient is checked on the GPU only:
-Triton 3.9's interpreter rounds fp32 to float8 e5m2 wrongly (7860.5 becomes 4096; torch gives 8192). The
+Triton 3.9's interpreter rounds fp32 to float8 e5m2 wrongly (7860.5 becomes 4096; torch gives 8192), and it
+cannot run the approximate tanh (inline PTX) that the e5m2 path uses. The
 GPU tests (``gpu`` mark) run bf16 at the
 record's vocabulary, eager and under ``torch.compile(fullgraph=True)``.
 """
@@ -57,13 +58,16 @@ E5M2_MUL = 28672.0          # the FP8 head's choice: the gradient's bound maps t
 
 
 def assert_e5m2_matches(grad8, logits, targets, softcap, grad_mul, label):
-    """An e5m2 gradient: every element within half an e5m2 step (2⁻³ relative) of the reference, or below
-    e5m2's smallest normal value."""
+    """An e5m2 gradient: every element within half an e5m2 step (2⁻³ relative) of the reference plus 2⁻⁶
+    relative for the approximate tanh of the e5m2 path (its 2⁻¹¹ relative error moves a capped logit by at
+    most c·2⁻¹¹, 0.011 for c = 23, and a probability by about as much relative), or below e5m2's smallest
+    normal value."""
     _, want = reference(logits, targets, softcap)
     want = (grad_mul * want).float()
     assert grad8.dtype == torch.float8_e5m2, label
     error = (grad8.float() - want).abs()
-    assert bool((error <= 2 ** -3 * want.abs() + 2 ** -14).all()), f"{label}: e5m2 error {error.max():.3g}"
+    bound = (2 ** -3 + 2 ** -6) * want.abs() + 2 ** -14
+    assert bool((error <= bound).all()), f"{label}: e5m2 error {error.max():.3g}"
 
 
 def assert_matches(losses, grad, logits, targets, softcap, grad_mul, label):
@@ -154,8 +158,10 @@ def test_cuda_kernel_in_bfloat16_matches_the_reference_eager_and_compiled(kind):
         error = (grad.double().cpu() - 2.0 * want_grad).norm() / (2.0 * want_grad).norm()
         assert error < 2 ** -8, f"{label}: relative gradient error {error:.2e}"
         mul = E5M2_MUL / gradient_bound(KINDS[kind])
-        _, grad8 = softcapped_cross_entropy(logits, targets.cuda(), KINDS[kind], True, mul, e5m2=True)
+        losses8, grad8 = softcapped_cross_entropy(logits, targets.cuda(), KINDS[kind], True, mul, e5m2=True)
         assert_e5m2_matches(grad8.cpu(), logits.float().cpu(), targets, KINDS[kind], mul, label)
+        # the e5m2 path's losses come from the approximate tanh (with a cap): within 1e-3 nats
+        torch.testing.assert_close(losses8.double().cpu(), want_losses, rtol=0, atol=1e-3, msg=label)
 
 
 if __name__ == "__main__":
