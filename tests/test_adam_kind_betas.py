@@ -82,7 +82,9 @@ def test_the_default_is_an_empty_mapping():
     ({"heads": [0.5, 0.95]}, r"train\.adam_kind_betas has an unknown Adam kind 'heads'; expected one of "
                              r"embed, head, scalar$"),
     ({"matrix": [0.9, 0.95]}, r"unknown Adam kind 'matrix'; expected one of embed, head, scalar$"),
-    ({"head": [0.5]}, r"train\.adam_kind_betas\.head must be a pair \[beta1, beta2\], got \(0\.5,\)$"),
+    ({"head": [0.5]}, r"train\.adam_kind_betas\.head must be a pair \[beta1, beta2\], got \[0\.5\]$"),
+    ({"scalar": [0.9, 0.95, 0.99]}, r"train\.adam_kind_betas\.scalar must be a pair \[beta1, beta2\], "
+                                    r"got \[0\.9, 0\.95, 0\.99\]$"),
     ({"head": 0.5}, r"train\.adam_kind_betas\.head must be a pair \[beta1, beta2\], got 0\.5$"),
     ({"embed": [0.75, 1.0]}, r"train\.adam_kind_betas\.embed must be a number in \[0\.0, 1\.0\), got 1\.0$"),
     ({"scalar": [-0.1, 0.99]}, r"train\.adam_kind_betas\.scalar must be a number in \[0\.0, 1\.0\), got -0\.1$"),

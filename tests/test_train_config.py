@@ -218,6 +218,26 @@ def test_a_window_schedule_stage_with_short_longer_than_long_is_refused():
         TrainConfig.from_dict({**WINDOWED, "window_schedule": [[1, 2], [3, 2]]})
 
 
+def test_a_final_long_window_below_the_short_window_is_refused():
+    """The final validation's short window is the last step's window_schedule stage (6 steps in 3 stages:
+    stage 3, [3, 4]) or, without a schedule, the model's window_short_blocks; a final long window equal to it
+    is fine, one block less is refused with the key and both values."""
+    stages = [[1, 2], [2, 3], [3, 4]]
+    cfg = TrainConfig.from_dict({**WINDOWED, "window_schedule": stages, "final_window_long_blocks": 3})
+    assert cfg.window_blocks_at(cfg.steps) == (3, 3)
+    with pytest.raises(SpeedrunError, match=r"^train\.final_window_long_blocks 2 is below the short window of 3 "
+                                            r"blocks at the final validation \(train\.window_schedule stage 3 of "
+                                            r"3, \[3, 4\], the stage of the last step\); expected a long window "
+                                            r">= the short one$"):
+        TrainConfig.from_dict({**WINDOWED, "window_schedule": stages, "final_window_long_blocks": 2})
+    model = {**WINDOWED["model"], "window_short_blocks": 2, "window_long_blocks": 3}
+    assert TrainConfig.from_dict({**WINDOWED, "model": model, "final_window_long_blocks": 2}
+                                 ).window_blocks_at(QUICK["steps"]) == (2, 2)
+    with pytest.raises(SpeedrunError, match=r"^train\.final_window_long_blocks 1 is below the short window of 2 "
+                                            r"blocks at the final validation \(model\.window_short_blocks 2\); "):
+        TrainConfig.from_dict({**WINDOWED, "model": model, "final_window_long_blocks": 1})
+
+
 def test_a_model_short_window_longer_than_the_long_one_is_refused():
     model = {**WINDOWED["model"], "window_short_blocks": 3, "window_long_blocks": 3}
     assert TrainConfig.from_dict({**WINDOWED, "model": model}).model_config().window_short_blocks == 3

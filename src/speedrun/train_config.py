@@ -17,7 +17,7 @@ from typing import Any, Literal, Mapping, get_args
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import ADAM_KINDS, ORTHOGONALIZERS, OptimConfig, ScheduleConfig
-from speedrun.optim.schedules import batch_stages, window_blocks
+from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
@@ -82,7 +82,8 @@ class TrainConfig:
     Raises :class:`SpeedrunError` naming the setting on a wrong type or value, on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
     world_size), on a ``model.rotary_positions`` below :meth:`rotary_positions`, on a ``batch_schedule`` with
-    more stages than ``steps`` and on a ``window_schedule`` stage whose short window exceeds its long one. A
+    more stages than ``steps``, on a ``window_schedule`` stage whose short window exceeds its long one and on a
+    ``final_window_long_blocks`` below the final validation's short window (:meth:`window_blocks_at`). A
     ``window_schedule`` with more stages than ``steps`` or an ``untie_step`` >= ``steps`` is accepted: a smoke
     run (a few steps of a full config) skips those stages and never unties.
     """
@@ -197,7 +198,8 @@ class TrainConfig:
                 raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
                                     f"{', '.join(ADAM_KINDS)}")
             if not isinstance(pair, tuple) or len(pair) != 2:
-                raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], got {pair!r}")
+                raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], "
+                                    f"got {_written(pair)}")
             for beta in pair:
                 _check_number(f"adam_kind_betas.{kind}", beta, 0.0, 1.0, open_high=True)
 
@@ -228,6 +230,27 @@ class TrainConfig:
         if (schedule or self.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
+        self._check_final_window()
+
+    def _check_final_window(self) -> None:
+        """Raise :class:`SpeedrunError` for a ``final_window_long_blocks`` below the final validation's short
+        window (in blocks; :meth:`window_blocks_at`): the short window of the last step's ``window_schedule``
+        stage, else the model's ``window_short_blocks``; as for a stage whose short window exceeds its long one."""
+        final = self.final_window_long_blocks
+        if final is None:
+            return
+        if self.window_schedule:        # the stage window_blocks takes at step == steps (steps >= 1 here)
+            index = stage_index(self.steps - 1, self.steps, len(self.window_schedule))
+            short = self.window_schedule[index][0]
+            source = (f"train.window_schedule stage {index + 1} of {len(self.window_schedule)}, "
+                      f"{_written(self.window_schedule[index])}, the stage of the last step")
+        else:
+            short = self._preset_model().window_short_blocks
+            source = f"model.window_short_blocks {short}"
+        if final < short:
+            raise SpeedrunError(f"train.final_window_long_blocks {final} is below the short window of {short} "
+                                f"blocks at the final validation ({source}); expected a long window >= the "
+                                f"short one")
 
     def _check_divisions(self) -> None:
         if self.micro_batches % self.world_size:
