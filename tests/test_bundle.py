@@ -186,3 +186,20 @@ def test_a_candidate_with_too_few_runs_is_not_decided_rather_than_short_of_the_t
     assert cand_stats.reaches_target is None and cand_stats.val_loss.n == 2
     assert f"has not shown the target 7: not decided ({cand_stats.p_value_note})" in claim
     assert "does not reach" not in claim
+
+
+def test_a_candidate_without_train_time_is_told_why_speed_is_not_compared():
+    """Counted candidate runs without a train_time (llm.c logs): the README's reasons say which runs lack a time,
+    not 'is not faster ... (p = –)'."""
+    from speedrun.analysis.bundle_readme import not_a_record_reasons
+    from speedrun.analysis.groups import Group
+    from speedrun.compare import compare_groups
+    from speedrun.stats import group_stats
+    from test_stats import record
+
+    base = Group("b", "b", "b", tuple(record(f"b{i}.txt", v, t) for i, (v, t) in
+                                      enumerate([(6.90, 100.0), (6.95, 102.0), (6.92, 101.0)])))
+    cand = Group("c", "c", "c", tuple(record(f"c{i}.txt", v, None) for i, v in enumerate([6.80, 6.83, 6.79])))
+    reasons = not_a_record_reasons(group_stats(cand, 7.0), compare_groups(base, cand, 0.01, 7.0))
+    assert reasons == ["is not compared for speed with the baseline (no train_time in 3 of 3 candidate runs: a "
+                       "t-test needs at least 2 timed runs per sample)"]

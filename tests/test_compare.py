@@ -253,6 +253,39 @@ def test_duplicate_runs_are_named_in_every_output_as_stats_names_them(tmp_path, 
     assert "| candidate | seed0_copy | duplicate | 4 | identical file, same as seed0 |" in md
 
 
+def test_each_run_not_counted_is_listed_once_with_all_its_reasons_in_log_order(tmp_path, capsys):
+    """A byte copy of a diverged log is both incomplete and a duplicate: one line (one Markdown row) with both
+    reasons, and the runs not counted follow the files' order (a duplicate before a later diverged run), as
+    `speedrun stats` notes them for that side."""
+    base, cand = tmp_path / "baseline", tmp_path / "candidate"
+    make_runs(base, [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0)])
+    make_runs(cand, [(0, "complete", "cpu", 6.80, 90.0), (1, "complete", "cpu", 6.83, 91.0),
+                     (3, "diverged", "cpu", 6.9, 90.0)])
+    (cand / "seed0_copy.txt").write_bytes((cand / "seed0.txt").read_bytes())
+    (cand / "seed3_copy.txt").write_bytes((cand / "seed3.txt").read_bytes())
+    out_md = tmp_path / "cmp.md"
+    assert cli.main(["compare", str(base), str(cand), "--markdown-out", str(out_md)]) == 0
+    printed = capsys.readouterr().out
+    diverged = "run diverged: non-finite train_loss at step 2"
+    assert [line for line in printed.splitlines() if line.startswith("not counted:")] == [
+        f"not counted: candidate: duplicate: {cand / 'seed0_copy.txt'} (identical file, same as {cand / 'seed0.txt'})",
+        f"not counted: candidate: diverged: {cand / 'seed3.txt'} ({diverged})",
+        f"not counted: candidate: diverged, duplicate: {cand / 'seed3_copy.txt'} ({diverged}; identical file, "
+        f"same as {cand / 'seed3.txt'})"]
+    assert re.search(r"^n\s+2\s+2 \(2 diverged, 1 duplicate not counted\)\s", printed, re.M)
+    md = out_md.read_text().splitlines()
+    assert [line for line in md if line.startswith("| candidate |")] == [
+        "| candidate | seed0_copy | duplicate | 4 | identical file, same as seed0 |",
+        f"| candidate | seed3 | diverged | 2 | {diverged} |",
+        f"| candidate | seed3_copy | diverged, duplicate | 2 | {diverged}; identical file, same as seed3 |"]
+    assert cli.main(["stats", str(cand), "--target", "7"]) == 0
+    notes = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith(f"{cand}: ")]
+    assert notes == [f"duplicate (identical file), counted once: {cand / 'seed0_copy.txt'} = {cand / 'seed0.txt'}",
+                     f"diverged: {cand / 'seed3.txt'} ({diverged})",
+                     f"diverged, duplicate: {cand / 'seed3_copy.txt'} ({diverged}; identical file, same as "
+                     f"{cand / 'seed3.txt'})"]
+
+
 @pytest.mark.parametrize("target", ["-1", "0", "inf", "nan"])
 def test_compare_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
     """The check `speedrun stats` makes (speedrun.stats.check_target), with its message."""

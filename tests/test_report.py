@@ -169,7 +169,8 @@ def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_w
     assert comparison_verdict(clean, True, 0.05) == "**yes**"
     assert comparison_verdict(clean, True, 0.01) == "no: not faster (p=0.04)"
     assert comparison_verdict(clean, False, 0.05) == "no: does not reach the target"
-    assert comparison_verdict({**clean, "train_time": {}}, True, 0.05) == "no: not faster (p=–)"
+    assert comparison_verdict({**clean, "train_time": {}}, True, 0.05) == ("no: speed not compared: the comparison "
+                                                                         "has no train_time test")
     assert comparison_verdict(COMPARISON, True, 0.05) == "no: rules violated"
     # a file without "incomplete" (older compare) still says why; a violated rule is still named
     assert comparison_verdict({**clean, "n_candidate": 0}, None, 0.05) == "no: no complete runs"
@@ -207,16 +208,56 @@ def test_verdict_says_why_a_candidate_has_no_test(tmp_path):
     rows = [line.split(" | ") for line in render_comparisons(comparisons, summary, 0.05) if line.startswith("| /")]
     verdicts = [(row[1], row[-1].rstrip(" |")) for row in rows]
     assert verdicts == [
-        ("3/3", "**yes**"),
-        ("3/0", "no: no complete runs (1 diverged)"),
-        ("3/0", "no: no complete runs (2 failed)"),
-        ("3/0", "no: no complete runs (1 failed, 1 truncated)"),
-        ("3/1", "no: only 1 complete run (1 diverged), too few for a t-test"),
-        ("0/3", "no: baseline has no complete runs (1 diverged)")]
+        ("3 / 3", "**yes**"),
+        ("3 / 0", "no: no complete runs (1 diverged)"),
+        ("3 / 0", "no: no complete runs (2 failed)"),
+        ("3 / 0", "no: no complete runs (1 failed, 1 truncated)"),
+        ("3 / 1", "no: only 1 complete run (1 diverged), too few for a t-test"),
+        ("0 / 3", "no: baseline has no complete runs (1 diverged)")]
     # the normal case is a yes by scipy too: the candidate's mean is below 7 and its time (4 steps) is lower
     assert sps.ttest_1samp([6.80, 6.83, 6.79], 7.0, alternative="less").pvalue < 0.05
     assert sps.ttest_ind([0.36, 0.364, 0.368], [0.4, 0.408, 0.404], equal_var=False,
                          alternative="less").pvalue < 0.05
+
+def test_the_n_column_says_it_counts_baseline_then_candidate_runs():
+    from speedrun.analysis.report_tables import render_comparisons
+
+    header, _, row = render_comparisons([{**COMPARISON, "n_baseline": 2, "n_candidate": 0}])[:3]
+    assert header.startswith("| candidate | n counted (baseline / candidate) | ")
+    assert row.startswith("| candidate | 2 / 0 | ")
+
+
+def test_a_verdict_without_a_train_time_p_value_says_why_not_not_faster():
+    """Counted runs without a train_time (llm.c logs) or with equal times give no Welch p on train_time: the
+    verdict names the runs that lack a time, or the test's reason, instead of 'not faster (p=–)'."""
+    from speedrun.analysis.groups import Group
+    from speedrun.analysis.report_tables import comparison_verdict
+    from speedrun.compare import compare_groups
+    from test_stats import record
+
+    def group(name, losses, times):
+        return Group(name, name, name, tuple(record(f"{name}{i}.txt", v, t) for i, (v, t) in
+                                             enumerate(zip(losses, times))))
+
+    base = group("b", [6.90, 6.95, 6.92], [100.0, 102.0, 101.0])
+    untimed = group("c", [6.80, 6.83, 6.79], [None, None, None])
+    c = compare_groups(base, untimed, 0.05, 7.0).to_json()
+    assert (c["n_candidate"], c["train_time"]["n_candidate"], c["train_time"]["p_value"]) == (3, 0, None)
+    assert c["train_time"]["reason"] == ("no train_time in 3 of 3 candidate runs: a t-test needs at least 2 timed "
+                                         "runs per sample")
+    assert comparison_verdict(c, True, 0.05) == "no: speed not compared: no train_time in 3 of 3 candidate runs"
+    one_timed = group("c", [6.80, 6.83, 6.79], [None, 90.0, None])
+    both = compare_groups(group("b", [6.90, 6.95, 6.92], [None, None, None]), one_timed, 0.05, 7.0).to_json()
+    assert comparison_verdict(both, True, 0.05) == ("no: speed not compared: no train_time in 3 of 3 baseline runs "
+                                                    "and 2 of 3 candidate runs")
+    equal = compare_groups(group("b", [6.90, 6.95, 6.92], [100.0] * 3),
+                           group("c", [6.80, 6.83, 6.79], [100.0] * 3), 0.05, 7.0).to_json()
+    assert comparison_verdict(equal, True, 0.05) == ("no: speed not compared: zero variance (all values equal): the "
+                                                     "t statistic is undefined")
+    two_of_three = group("c", [6.80, 6.83, 6.79], [90.0, None, 91.0])      # 2 times suffice: a test, a p-value
+    timed = compare_groups(base, two_of_three, 0.05, 7.0).to_json()
+    assert timed["train_time"]["p_value"] is not None and comparison_verdict(timed, True, 0.05) == "**yes**"
+
 
 def _public_runs(tmp_path):
     """Three runs of one variant without seeds (public logs), one diverged, with distinct curves."""

@@ -410,6 +410,27 @@ def test_identical_loss_curves_count_once(tmp_path):
     assert "duplicate (identical loss curve), counted once" in console_table(g)
 
 
+def test_a_copy_of_a_diverged_log_is_listed_once_with_both_reasons(tmp_path):
+    """statistics.md lists the copy of a diverged log among the runs not counted, with its status and reason and
+    the run it repeats, and not among the duplicates counted once (it counts zero times); runs in file order."""
+    d = tmp_path / "d"
+    make_runs(d, [(0, "complete", "cpu", 6.9, 100.0), (1, "complete", "cpu", 6.8, 100.0),
+                  (3, "diverged", "cpu", 6.9, 100.0)])
+    (d / "seed0_copy.txt").write_bytes((d / "seed0.txt").read_bytes())
+    (d / "seed3_copy.txt").write_bytes((d / "seed3.txt").read_bytes())
+    [g] = collect_runs([str(d)])
+    md = statistics_markdown(stats_stage.group_stats(g, 7.0)).splitlines()
+    diverged = "run diverged: non-finite train_loss at step 2"
+    start = md.index("## Runs not counted")
+    assert md[start + 4:start + 6] == [f"| seed3 | diverged | 2 | {diverged} |",
+                                       f"| seed3_copy | diverged, duplicate | 2 | {diverged}; identical file, same "
+                                       f"as seed3 |"]
+    dups = md.index("## Duplicates (counted once)")
+    assert md[dups + 4] == f"| {d / 'seed0_copy.txt'} | {d / 'seed0.txt'} | identical file |"
+    assert not md[dups + 5:dups + 6] or not md[dups + 5].startswith("|")      # the only duplicate counted once
+    assert sum(f"{d / 'seed3_copy.txt'}" in line or "| seed3_copy |" in line for line in md[start:]) == 1
+
+
 def console_table(g):
     from speedrun.analysis.tables import stats_table
 

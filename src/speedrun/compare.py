@@ -6,7 +6,8 @@
 Each side is a path as in ``speedrun stats`` that must resolve to exactly one group (``--only``: just the files
 listed, as in ``speedrun stats``). Runs that are not complete (diverged, failed, truncated) are listed per side
 with their reason, never counted; so are duplicates (a side's second log of one run: an identical file or loss
-curve, :func:`speedrun.analysis.groups.find_duplicates`; the run counts once). Tests (Welch 1947; the record rules ask
+curve, :func:`speedrun.analysis.groups.find_duplicates`; the run counts once). Each such run is listed once, in log
+order, with all its reasons (a copy of a diverged log: ``diverged, duplicate``). Tests (Welch 1947; the record rules ask
 a candidate to be faster than the prior record, README L207-226, and the 2026-05-07 verifier uses a one-sided
 Welch test on times):
 
@@ -26,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 from speedrun.analysis.groups import CodeSplit, DuplicateKind, Group, check_only, collect_runs
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.rules import RuleCheck, check_rules, violations
-from speedrun.analysis.tests import Speedup, WelchTest, ZRule, speedup, welch_test, z_rule
+from speedrun.analysis.tests import Speedup, WelchTest, ZRule, missing_times, speedup, welch_test, z_rule
 from speedrun.atomic import write_json, write_text
 from speedrun.errors import SpeedrunError
 from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, check_alpha, check_target, strict_json
@@ -110,7 +111,8 @@ def _test_json(test: WelchTest, alpha: float) -> dict[str, Any]:
 def compare_groups(baseline: Group, candidate: Group, alpha: float = DEFAULT_ALPHA,
                    target: float | None = None) -> Comparison:
     """Welch tests of ``candidate`` against ``baseline`` over their counted (complete, non-duplicate) runs, the
-    z-rule of each side at ``target`` (when given) and the rules check."""
+    z-rule of each side at ``target`` (when given) and the rules check. A train_time test that lacks times
+    gives the counts as its ``reason`` (:func:`speedrun.analysis.tests.missing_times`)."""
     base, cand = baseline.counted, candidate.counted
     loss_b, loss_c = [r.val_loss for r in base], [r.val_loss for r in cand]
     time_b = [r.train_time_ms / 1000.0 for r in base if r.train_time_ms is not None]
@@ -124,11 +126,15 @@ def compare_groups(baseline: Group, candidate: Group, alpha: float = DEFAULT_ALP
                         "independent")
     if len(time_b) < len(base) or len(time_c) < len(cand):
         warnings.append("some counted runs have no train_time (llm.c logs); train_time uses the others")
+    train_time = welch_test(time_c, time_b, "less", "candidate mean train_time < baseline (faster)", CONFIDENCE)
+    missing = missing_times({"baseline": len(base), "candidate": len(cand)},
+                            {"baseline": len(time_b), "candidate": len(time_c)})
+    if train_time.p_value is None and missing:       # not "n=0 ... complete runs": the runs are complete
+        train_time = replace(train_time, reason=f"{missing}: a t-test needs at least 2 timed runs per sample")
     return Comparison(
         baseline=baseline, candidate=candidate, alpha=alpha, target=target,
         val_loss=welch_test(loss_c, loss_b, "less", "candidate mean val_loss < baseline", CONFIDENCE),
-        train_time=welch_test(time_c, time_b, "less", "candidate mean train_time < baseline (faster)", CONFIDENCE),
-        speedup=speedup(time_b, time_c), rules=rules,
+        train_time=train_time, speedup=speedup(time_b, time_c), rules=rules,
         z_rules=None if target is None else (z_rule(loss_b, target), z_rule(loss_c, target)),
         warnings=tuple(warnings))
 

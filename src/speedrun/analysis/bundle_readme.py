@@ -39,14 +39,17 @@ def results_rows(base: "GroupStats", cand: "GroupStats", c: "Comparison",
 def not_a_record_reasons(cand: "GroupStats", c: "Comparison") -> list[str]:
     """Why the candidate would not make a record against this baseline (empty when it would): it must reach
     the target itself (p < alpha; "not decided" with the reason when its test cannot say: too few complete
-    runs, no p-value), be faster than the baseline (Welch p < alpha) and violate no rule."""
+    runs, no p-value), be faster than the baseline (Welch p < alpha; without a p-value the Welch test's
+    reason, e.g. ``no train_time in 3 of 3 candidate runs``) and violate no rule."""
     reasons = []
     if cand.reaches_target is None:                  # no p-value, or too few runs to read it
         reasons.append(f"has not shown the target {cand.target:g}: not decided ({cand.p_value_note})")
     elif not cand.reaches_target:
         reasons.append(f"does not reach the target {cand.target:g} (p = {fmt_p(cand.test.p_value)})")
     p_time = c.train_time.p_value
-    if p_time is None or not p_time < cand.alpha:
+    if p_time is None:                               # say why rather than "not faster (p = –)"
+        reasons.append(f"is not compared for speed with the baseline ({c.train_time.reason})")
+    elif not p_time < cand.alpha:
         reasons.append(f"is not faster than the baseline at p < {cand.alpha:g} (p = {fmt_p(p_time)})")
     if any(r.status == "violation" for r in c.rules):
         reasons.append("violates a rule (below)")

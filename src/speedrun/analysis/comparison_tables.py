@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.rules import PUBLIC_TARGET
-from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, status_counts, text_table
+from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, not_counted, status_counts, text_table
 from speedrun.analysis.tests import WelchTest, ZRule
 
 if TYPE_CHECKING:
+    from speedrun.analysis.groups import Group
     from speedrun.analysis.logs import RunRecord
     from speedrun.compare import Comparison
 
@@ -86,25 +87,28 @@ def _notes(c: "Comparison") -> list[str]:
 
 
 def not_counted_lines(c: "Comparison") -> list[str]:
-    """``not counted: candidate: diverged: <file> (<reason>)`` for each side's incomplete run, then
-    ``not counted: candidate: duplicate: <file> (identical file, same as <file>)`` for each duplicate (the
-    console's form of ``speedrun stats``'s notes; the Markdown has a table, :func:`incomplete_rows`)."""
-    return ([f"not counted: {side}: {r.status}: {r.file} ({r.reason})"
-             for side, runs in c.incomplete.items() for r in runs]
-            + [f"not counted: {side}: duplicate: {r.file} ({kind}, same as {orig})"
-               for side, runs in c.duplicates.items() for r, orig, kind in runs])
+    """``not counted: <side>: <statuses>: <file> (<reasons>)`` for each run of each side left out of n, once, in
+    log order (:func:`speedrun.analysis.tables.not_counted`): ``diverged: <file> (<reason>)``, ``duplicate:
+    <file> (identical file, same as <file>)``, or for a copy of a diverged log ``diverged, duplicate: <file>
+    (<reason>; identical file, same as <file>)`` (the console's form of ``speedrun stats``'s notes; the
+    Markdown has a table, :func:`incomplete_rows`)."""
+    return [f"not counted: {side}: {statuses}: {r.file} ({reasons})"
+            for side, g in _sides(c) for r, statuses, reasons in not_counted(g)]
 
 
 def incomplete_rows(c: "Comparison") -> list[list[str]]:
-    """(side, run, status, last step, reason) rows of the runs not counted, as ``statistics.md`` lists them:
-    the incomplete runs, then the duplicates (status ``duplicate``, reason ``<why>, same as <run>``)."""
+    """(side, run, status, last step, reason) rows of the runs not counted, once each, in log order, as
+    ``statistics.md`` lists them: an incomplete run's status and reason, a duplicate's ``duplicate`` and
+    ``<why>, same as <run>``, both joined for an incomplete duplicate."""
     def last(r: "RunRecord") -> str:
         return DASH if r.last_step is None else str(r.last_step)
 
-    return ([[side, run_label(r.file), r.status, last(r), r.reason or DASH]
-             for side, runs in c.incomplete.items() for r in runs]
-            + [[side, run_label(r.file), "duplicate", last(r), f"{kind}, same as {run_label(orig)}"]
-               for side, runs in c.duplicates.items() for r, orig, kind in runs])
+    return [[side, run_label(r.file), statuses, last(r), reasons]
+            for side, g in _sides(c) for r, statuses, reasons in not_counted(g, run_label)]
+
+
+def _sides(c: "Comparison") -> tuple[tuple[str, "Group"], ...]:
+    return ("baseline", c.baseline), ("candidate", c.candidate)
 
 
 def rules_rows(c: "Comparison") -> list[list[str]]:

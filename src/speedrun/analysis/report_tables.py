@@ -16,6 +16,7 @@ import pandas as pd
 from speedrun.analysis.comparison_tables import STATUS_MARK
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.tables import DASH, md_table, provenance_table, status_counts
+from speedrun.analysis.tests import missing_times
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -87,11 +88,28 @@ def untestable_side(c: Mapping[str, Any], side: str) -> str | None:
     return f"no complete runs{why}" if n == 0 else f"only 1 complete run{why}, too few for a t-test"
 
 
+def speed_not_compared(c: Mapping[str, Any]) -> str:
+    """Why comparison ``c`` has no train_time p-value although both sides have counted runs:
+    ``speed not compared: no train_time in 3 of 3 candidate runs`` (counted ``n_<side>`` against the timed
+    ``train_time.n_<side>``, :func:`speedrun.analysis.tests.missing_times`), else the test's ``reason``
+    (``zero variance ...``), else that the file has no train_time test."""
+    t = c.get("train_time") or {}
+    sides = ("baseline", "candidate")
+    counts = [c.get(f"n_{side}") for side in sides] + [t.get(f"n_{side}") for side in sides]
+    if all(isinstance(n, int) for n in counts):
+        missing = missing_times(dict(zip(sides, counts[:2])), dict(zip(sides, counts[2:])))
+        if missing:
+            return f"speed not compared: {missing}"
+    reason = t.get("reason")
+    return f"speed not compared: {reason}" if reason else "speed not compared: the comparison has no train_time test"
+
+
 def comparison_verdict(c: Mapping[str, Any], reaches_target: bool | None, alpha: float) -> str:
     """Whether the candidate would make a record against this baseline (the record rules, speedrun-spec.md
     7): it reaches the target itself (``reaches_target``, its one-sample test), its train_time is lower with
-    Welch p < ``alpha``, and no rule of the comparison is violated. Otherwise ``no:`` and every reason; a side
-    with fewer than 2 counted runs (:func:`untestable_side`) replaces the tests it makes impossible:
+    Welch p < ``alpha``, and no rule of the comparison is violated. Otherwise ``no:`` and every reason (no
+    train_time p-value: why, :func:`speed_not_compared`, not ``not faster``); a side with fewer than 2
+    counted runs (:func:`untestable_side`) replaces the tests it makes impossible:
     ``no: no complete runs (1 diverged)``, ``no: target not decided, baseline has no complete runs (2 failed)``."""
     reasons = []
     cand, base = untestable_side(c, "candidate"), untestable_side(c, "baseline")
@@ -102,7 +120,9 @@ def comparison_verdict(c: Mapping[str, Any], reaches_target: bool | None, alpha:
     p_time = (c.get("train_time") or {}).get("p_value")
     if base:
         reasons.append(f"baseline has {base}")
-    elif not cand and (p_time is None or not p_time < alpha):
+    elif not cand and p_time is None:
+        reasons.append(speed_not_compared(c))
+    elif not cand and not p_time < alpha:
         reasons.append(f"not faster (p={_fmt_p(p_time)})")
     if any(r["status"] == "violation" for r in c.get("rules", [])):
         reasons.append("rules violated")
@@ -113,9 +133,9 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
                        summary: Sequence[Mapping[str, Any]] = (), alpha: float = 0.01) -> list[str]:
     """Table of the candidate-vs-baseline Welch tests with the verdict (:func:`comparison_verdict`; whether
     a candidate reaches the target comes from its group in ``summary``), then each candidate's rules
-    check."""
+    check. The ``n counted (baseline / candidate)`` column gives both sides' counted runs, ``3 / 0``."""
     reaches = {g["group"]: _reaches(g, alpha) for g in summary}
-    header = ["candidate", "n (base/cand)", "Δ val_loss (cand − base) [95% CI]", "p (cand lower)",
+    header = ["candidate", "n counted (baseline / candidate)", "Δ val_loss (cand − base) [95% CI]", "p (cand lower)",
               "Δ train_time s [95% CI]", "p (cand faster)", "speedup", "rules", "beats the baseline"]
     rows = []
     for c in comparisons:
@@ -123,7 +143,7 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
         speedup = c.get("speedup") or {}
         bad = sum(1 for r in c.get("rules", []) if r["status"] == "violation")
         rules = DASH if "rules" not in c else ("ok" if not bad else f"**{bad} violated**")
-        rows.append([c["candidate"], f"{c['n_baseline']}/{c['n_candidate']}",
+        rows.append([c["candidate"], f"{c['n_baseline']} / {c['n_candidate']}",
                      f"{_fmt(v.get('difference'))} [{_fmt(v.get('ci_low'))}, {_fmt(v.get('ci_high'))}]",
                      _fmt_p(v.get("p_value")),
                      f"{_fmt(t.get('difference'), 2)} [{_fmt(t.get('ci_low'), 2)}, {_fmt(t.get('ci_high'), 2)}]",

@@ -10,15 +10,33 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from speedrun.analysis.groups import run_label
+from speedrun.analysis.groups import Group, run_label
 from speedrun.analysis.snippets import one_sample_snippet
 
 if TYPE_CHECKING:
+    from speedrun.analysis.logs import RunRecord
     from speedrun.stats import GroupStats
 
 DASH = "–"
+
+
+def not_counted(group: Group, label: Callable[[str], str] = str) -> list[tuple["RunRecord", str, str]]:
+    """``(run, statuses, reasons)`` for each run of ``group`` left out of n, once, in log (file) order: an
+    incomplete run's status and ``reason``, a duplicate's ``duplicate`` and ``<why>, same as <label(run)>``,
+    both for an incomplete duplicate (a byte copy of a diverged log): ``("diverged, duplicate",
+    "<reason>; identical file, same as <run>")``. What ``speedrun stats`` and ``speedrun compare`` list."""
+    out = []
+    for run, orig, kind in zip(group.runs, group.duplicate_of, group.duplicate_kind):
+        statuses = [run.status] if run.status != "complete" else []
+        reasons = [run.reason or DASH] if statuses else []
+        if orig is not None:
+            statuses.append("duplicate")
+            reasons.append(f"{kind}, same as {label(orig)}")
+        if statuses:
+            out.append((run, ", ".join(statuses), "; ".join(reasons)))
+    return out
 
 
 def fmt(x: float | None, digits: int) -> str:
@@ -102,12 +120,19 @@ def _notes(results: Sequence["GroupStats"]) -> list[str]:
             notes.append(f"split: {g.split_reason}")
         if s.power.reason and s.val_loss.n >= 2:
             notes.append(f"{g.name}: runs needed: {s.power.reason}")
-        notes += [f"{g.name}: {r.status}: {r.file} ({r.reason})" for r in g.runs if r.status != "complete"]
-        notes += [f"{g.name}: duplicate ({g.duplicate_kinds[f]}), counted once: {f} = {orig}"
-                  for f, orig in g.duplicates.items()]
+        notes += [_not_counted_note(g, run, statuses, reasons) for run, statuses, reasons in not_counted(g)]
         notes += [f"{g.name}: warning: {w}" for w in g.warnings()]
     notes += skipped_notes(results)
     return [""] + notes if notes else []
+
+
+def _not_counted_note(g: Group, run: "RunRecord", statuses: str, reasons: str) -> str:
+    """``g: diverged: <file> (<reason>)``; a complete duplicate ``g: duplicate (<why>), counted once: <file> =
+    <run>``; an incomplete duplicate ``g: diverged, duplicate: <file> (<reason>; <why>, same as <run>)``."""
+    if run.status == "complete":
+        orig, kind = g.duplicates[run.file], g.duplicate_kinds[run.file]
+        return f"{g.name}: duplicate ({kind}), counted once: {run.file} = {orig}"
+    return f"{g.name}: {statuses}: {run.file} ({reasons})"
 
 
 LOG_SUFFIXES = (".txt", ".log")
@@ -257,15 +282,18 @@ def _provenance(s: "GroupStats") -> list[str]:
 def _md_incomplete(s: "GroupStats") -> list[str]:
     g = s.group
     lines = []
-    incomplete = [r for r in g.runs if r.status != "complete"]
+    incomplete = [(r, statuses, reasons) for r, statuses, reasons in not_counted(g, run_label)
+                  if r.status != "complete"]      # an incomplete duplicate here, with both reasons
     if incomplete:
         lines += ["", "## Runs not counted", ""] + md_table(["Run", "status", "last step", "reason"], [
-            [run_label(r.file), r.status, r.last_step if r.last_step is not None else DASH, r.reason or DASH]
-            for r in incomplete])
-    if g.duplicates:
+            [run_label(r.file), statuses, r.last_step if r.last_step is not None else DASH, reasons]
+            for r, statuses, reasons in incomplete])
+    complete_dups = [(r.file, orig) for r, orig in zip(g.runs, g.duplicate_of)
+                     if orig is not None and r.status == "complete"]
+    if complete_dups:
         kinds = g.duplicate_kinds
         lines += ["", "## Duplicates (counted once)", ""] + md_table(
-            ["Run", "same as", "why"], [[f, orig, kinds[f]] for f, orig in g.duplicates.items()])
+            ["Run", "same as", "why"], [[f, orig, kinds[f]] for f, orig in complete_dups])
     warnings = g.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]

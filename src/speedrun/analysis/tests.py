@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -132,6 +132,16 @@ def _not_testable(*samples: np.ndarray) -> str | None:
     if all(np.ptp(a) == 0 for a in samples):
         return "zero variance (all values equal): the t statistic is undefined"
     return None
+
+
+def missing_times(counted: Mapping[str, int], timed: Mapping[str, int]) -> str | None:
+    """Why train_time cannot be tested though runs are counted: for each side (``baseline``, ``candidate``)
+    with fewer than 2 runs of ``timed`` (those with a train_time; public llm.c logs have none) among its
+    ``counted`` ones, ``no train_time in 3 of 3 candidate runs``, joined by ``and``; ``None`` when no side
+    lacks times that a t-test needs. Raises ``KeyError`` when a side is missing from either mapping."""
+    lacking = [f"{counted[side] - timed[side]} of {counted[side]} {side} run{'s' * (counted[side] != 1)}"
+               for side in ("baseline", "candidate") if timed[side] < 2 and timed[side] < counted[side]]
+    return "no train_time in " + " and ".join(lacking) if lacking else None
 
 
 def one_sample_less(x: Sequence[float], target: float) -> OneSampleTest:
