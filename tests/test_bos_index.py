@@ -141,3 +141,34 @@ def test_manifest_entry_without_sha256_is_named(shards_dir, tmp_path):
     with pytest.raises(SpeedrunError, match=r"shards/manifest.json: shards\[1\] has no key 'sha256'"):
         build_bos_index(shards_dir, tmp_path / "bos")
     assert not (tmp_path / "bos").exists()
+
+
+@pytest.mark.parametrize("keep, message", [
+    (0, "lists no shards; expected a validation shard (split 'val') then at least one train shard (split 'train')"),
+    (1, "lists only the validation shard toy_val_000000.bin and no train shard; training needs at least one "
+        "(split 'train')"),
+])
+def test_manifest_without_a_train_shard_is_refused(shards_dir, tmp_path, capsys, keep, message):
+    path = shards_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"] = manifest["shards"][:keep]
+    path.write_text(json.dumps(manifest))
+    assert cli_main(["bos-index", "--shards-dir", str(shards_dir), "--out-dir", str(tmp_path / "bos")]) == 2
+    assert capsys.readouterr().err.startswith(f"speedrun bos-index: error: {path}: {message}")
+    assert not (tmp_path / "bos").exists()
+
+
+def test_manifest_with_splits_out_of_order_is_refused(shards_dir, tmp_path):
+    path = shards_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][0]["split"], manifest["shards"][2]["split"] = "train", "val"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpeedrunError, match=r"manifest.json: the first shard, toy_val_000000.bin, has split 'train'; "
+                                            r"expected the validation shard \(split 'val'\) first"):
+        build_bos_index(shards_dir, tmp_path / "bos")
+    manifest["shards"][0]["split"] = "val"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(SpeedrunError, match=r"manifest.json: shard toy_train_000002.bin has split 'val'; expected "
+                                            r"'train' after the validation shard"):
+        build_bos_index(shards_dir, tmp_path / "bos")
+    assert not (tmp_path / "bos").exists()

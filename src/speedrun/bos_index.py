@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from speedrun.atomic import write_json
-from speedrun.data.dataset import BOS_INDEX, MANIFEST, SHARD_ENTRY_KEYS, atomic_directory, read_manifest
+from speedrun.data.dataset import (
+    BOS_INDEX,
+    MANIFEST,
+    SHARD_ENTRY_KEYS,
+    atomic_directory,
+    check_splits,
+    read_manifest,
+)
 from speedrun.data.shards import BOS_ID, load_shard, sha256_file
 from speedrun.errors import SpeedrunError
 
@@ -53,11 +60,13 @@ def index_shard(shard_path: Path, entry: dict[str, Any], out_dir: Path) -> dict[
 def build_bos_index(shards_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
     """Write the BOS index of every shard listed in ``shards_dir/manifest.json`` into ``out_dir``
     (as a whole, atomically) and return its manifest. Raises :class:`SpeedrunError` on a missing or
-    bad manifest (an entry without ``file``, ``split``, ``tokens`` or ``sha256``) or shard, and, before
+    bad manifest (an entry without ``file``, ``split``, ``tokens`` or ``sha256``; no shards, or no train shard
+    after the validation shard: :func:`~speedrun.data.dataset.check_splits`) or shard, and, before
     any work, for an ``out_dir`` that is, contains or lies inside ``shards_dir`` or a shard, or that is
     neither absent, empty nor a previous BOS index (:func:`~speedrun.data.dataset.check_output_directory`)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
     shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)
+    check_splits(shards_dir, shards["shards"])
     inputs = [shards_dir, *(shards_dir / str(entry["file"]) for entry in shards["shards"])]
     with atomic_directory(out_dir, kind=BOS_INDEX, inputs=inputs) as tmp:
         indices = [index_shard(shards_dir / entry["file"], entry, tmp) for entry in shards["shards"]]

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from speedrun.data.dataset import read_manifest
+from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.data.loader import steps_available
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.optim.schedules import batch_stages
@@ -69,7 +69,11 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         what: names the run in messages (e.g. ``"variant 'baseline'"``).
 
     Raises:
-        SpeedrunError: the batch does not divide into micro-batches, the validation shard holds fewer than
+        SpeedrunError: the batch does not divide into micro-batches; a manifest is missing, not JSON or has a
+            shard entry without a key (the file, entry and key are named: :func:`~speedrun.data.dataset.
+            read_manifest`, the keys of :data:`~speedrun.data.dataset.SHARD_ENTRY_KEYS` and
+            :data:`~speedrun.data.dataset.BOS_ENTRY_KEYS`); the shards are not a validation shard then train
+            shards (:func:`~speedrun.data.dataset.check_splits`); the validation shard holds fewer than
             ``val_tokens + 1`` tokens, or the train shards feed fewer than ``steps`` steps (the message says
             how many steps they feed and about how many shards the run needs).
     """
@@ -86,17 +90,16 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
             raise SpeedrunError(
                 f"{what}: tokens_per_step {tokens} is not a multiple of micro_batches {micro_batches}"
             )
-    manifest = read_manifest(shards_dir, "shards")
-    shards = manifest["shards"]
-    val = [s for s in shards if s["split"] == "val"]
-    train = [s for s in shards if s["split"] == "train"]
-    if not val or val[0]["tokens"] < val_tokens + 1:
-        held = val[0]["tokens"] if val else 0
+    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)["shards"]
+    check_splits(shards_dir, shards)
+    val, train = shards[0], shards[1:]
+    if val["tokens"] < val_tokens + 1:
         raise SpeedrunError(
-            f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {held} tokens "
-            f"(it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
+            f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {val['tokens']} "
+            f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
         )
-    bos = {entry["shard"]: bos_dir / entry["file"] for entry in read_manifest(bos_dir, "shards")["shards"]}
+    bos = {entry["shard"]: bos_dir / entry["file"]
+           for entry in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS)["shards"]}
     missing = [s["file"] for s in train if s["file"] not in bos]
     if missing:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")

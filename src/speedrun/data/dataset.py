@@ -27,6 +27,7 @@ from speedrun.errors import SpeedrunError
 
 MANIFEST = "manifest.json"
 SHARD_ENTRY_KEYS = ("file", "split", "tokens", "sha256")  # of each shard in the tokenize manifest
+BOS_ENTRY_KEYS = ("file", "shard", "shard_sha256", "count")  # of each shard in the bos-index manifest
 SNAKEMAKE_TIMESTAMP = ".snakemake_timestamp"  # what Snakemake may touch inside a directory() output
 
 
@@ -166,6 +167,29 @@ def read_manifest(directory: str | os.PathLike[str], list_key: str,
     return manifest
 
 
+def check_splits(directory: str | os.PathLike[str], shards: Sequence[dict[str, Any]]) -> None:
+    """Check that the entries ``shards`` of the tokenize manifest of ``directory`` (each with ``file`` and
+    ``split``, :func:`read_manifest`) are a validation shard (split ``val``) then at least one train shard (split
+    ``train``): what training reads (shard 0 validates, the rest train; docs/formats.md).
+
+    Raises :class:`SpeedrunError` naming the manifest file and what is missing or out of place.
+    """
+    path = Path(directory) / MANIFEST
+    if not shards:
+        raise SpeedrunError(f"{path}: lists no shards; expected a validation shard (split 'val') then at least one "
+                            "train shard (split 'train'): rerun `speedrun tokenize`")
+    if shards[0]["split"] != "val":
+        raise SpeedrunError(f"{path}: the first shard, {shards[0]['file']}, has split {shards[0]['split']!r}; "
+                            "expected the validation shard (split 'val') first")
+    if len(shards) == 1:
+        raise SpeedrunError(f"{path}: lists only the validation shard {shards[0]['file']} and no train shard; "
+                            "training needs at least one (split 'train'): add documents or lower shard_tokens")
+    for entry in shards[1:]:
+        if entry["split"] != "train":
+            raise SpeedrunError(f"{path}: shard {entry['file']} has split {entry['split']!r}; expected 'train' "
+                                "after the validation shard")
+
+
 @dataclass(frozen=True)
 class TokenData:
     """An opened dataset: the validation shard and the train shards with their BOS indices.
@@ -185,15 +209,12 @@ def open_dataset(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[
 
     Every shard header is validated; the BOS manifest must name the same shards with the same sha256
     as the shard manifest (a stale index is refused) and each index must hold its listed count.
-    Raises :class:`SpeedrunError` otherwise, or when there is no train shard.
+    Raises :class:`SpeedrunError` otherwise, or when the shards are not a validation shard then train shards
+    (:func:`check_splits`).
     """
     shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)["shards"]
-    indices = read_manifest(bos_dir, "shards", ("file", "shard", "shard_sha256", "count"))["shards"]
-    splits = [shard["split"] for shard in shards]
-    if len(splits) < 2 or splits[0] != "val" or set(splits[1:]) != {"train"}:
-        raise SpeedrunError(
-            f"{Path(shards_dir) / MANIFEST}: expected a val shard then train shards, found {splits}"
-        )
+    indices = read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS)["shards"]
+    check_splits(shards_dir, shards)
     by_shard = {entry["shard"]: entry for entry in indices}
     tokens, bos = [], []
     for shard in shards:

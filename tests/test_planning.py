@@ -1,0 +1,53 @@
+"""Planning-time checks (`speedrun.planning.check_training_data`): the manifests of the tokenize and bos-index
+stages are read with the key check of `speedrun.data.dataset.read_manifest` (a missing key is named with its file
+and entry, not a KeyError), and a shard list without a train shard is refused naming the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speedrun.errors import SpeedrunError
+from speedrun.planning import check_training_data
+from synthetic_data import counting_documents, write_dataset
+
+SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    """(shards folder, BOS index folder): 300 documents of 21..200 tokens in shards of 4,096 tokens."""
+    return write_dataset(tmp_path, counting_documents(300), shard_tokens=4096)
+
+
+def edit_manifest(directory, edit) -> None:
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_dataset_that_feeds_the_run_passes_and_one_too_small_is_refused(dataset):
+    shards, bos = dataset
+    assert len(json.loads((shards / "manifest.json").read_text())["shards"]) >= 3
+    check_training_data(SETTINGS, shards, bos, what="variant 'v'")          # raises nothing
+    with pytest.raises(SpeedrunError, match=r"variant 'v': 4000 steps of 512 tokens .* they feed only \d+ steps"):
+        check_training_data({**SETTINGS, "steps": 4000}, shards, bos, what="variant 'v'")
+
+
+@pytest.mark.parametrize("folder, key", [(0, "tokens"), (0, "split"), (0, "file"), (1, "shard"), (1, "file")])
+def test_a_manifest_entry_without_a_key_is_named(dataset, folder, key):
+    directory = dataset[folder]
+    edit_manifest(directory, lambda manifest: manifest["shards"][1].pop(key))
+    with pytest.raises(SpeedrunError, match=rf"^{directory / 'manifest.json'}: shards\[1\] has no key '{key}' "
+                                            r"\(expected file, "):
+        check_training_data(SETTINGS, *dataset, what="variant 'v'")
+
+
+def test_a_validation_shard_alone_is_refused_naming_the_manifest(dataset):
+    shards, bos = dataset
+    edit_manifest(shards, lambda manifest: manifest.update(shards=manifest["shards"][:1]))
+    with pytest.raises(SpeedrunError, match=rf"^{shards / 'manifest.json'}: lists only the validation shard "
+                                            r"synth_val_000000.bin and no train shard"):
+        check_training_data(SETTINGS, shards, bos, what="variant 'v'")
