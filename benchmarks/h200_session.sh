@@ -38,7 +38,7 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
     [ -f $DATA/bos/manifest.json ] && return
     local d=.carry/dd/shards t=.carry/dd/shards/debiandocs_train_000001.bin
     python -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $t $t $t $t $t \
-        --out-dir $DATA/shards --dataset debiandocs
+        --allow-repeats --out-dir $DATA/shards --dataset debiandocs
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 

@@ -1,11 +1,17 @@
 """`speedrun tokenize`: shard byte layout, document splitting across shards, manifest, thread-count
-invariance, input errors, and output folders that are refused (among the inputs, or someone else's)."""
+invariance, input errors, output folders that are refused (among the inputs, or someone else's), a run stopped by
+SIGINT or SIGTERM (a subprocess), and --threads capped at the usable CPUs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import speedrun
 from speedrun.cli import main as cli_main
+from speedrun.data.encode import EncoderPool
 from speedrun.data.shards import load_shard, write_shard
 from speedrun.data.tokenizer import gpt2_encoding
 from speedrun.errors import SpeedrunError
@@ -211,3 +219,104 @@ def test_cli(tmp_path, capsys):
     assert "3 shards, 12 tokens of 4 documents" in capsys.readouterr().out
     assert cli_main(args[:-4] + ["--out-dir", str(out), "--threads", "0"]) == 2
     assert "threads must be >= 1" in capsys.readouterr().err
+
+
+# ---- stopping: SIGINT / SIGTERM ---------------------------------------------------------------------------
+
+SRC = Path(speedrun.__file__).resolve().parents[1]              # the code under test, for the subprocess
+STOPPED = {signal.SIGINT: "speedrun tokenize: interrupted by SIGINT",
+           signal.SIGTERM: "speedrun tokenize: terminated by SIGTERM"}
+
+
+@pytest.fixture(scope="module")
+def big_jsonl(tmp_path_factory):
+    """About 60 MB of JSON Lines (24,000 documents, 12M tokens): seconds of encoding on 2 workers, so a run is
+    still encoding when signalled (the tests stop it well before the end)."""
+    rng = np.random.default_rng(5)
+    words = ["The", " mayor", " said", ",", " 2024", ".", "\n", " über", " 🙂", "  ", " Lisbon"]
+    lines = [json.dumps({"text": "".join(rng.choice(words, size=500)) + f" {i}"}) + "\n" for i in range(8)]
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(3000):
+            f.write("".join(lines))
+    return path
+
+
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGTERM as a fresh process has them (pytest run from a background
+    job would otherwise pass SIGINT on ignored)."""
+    for s in STOPPED:
+        signal.signal(s, signal.SIG_DFL)
+
+
+def _wait_until_writing(folder: Path, running, min_bytes: int, timeout: float = 30.0) -> None:
+    """Poll ``folder`` until a temporary output (``.tmp-*``) holds at least ``min_bytes``, while ``running()``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert running(), "speedrun tokenize ended before it wrote anything"
+        for tmp in folder.glob(".tmp-*"):
+            files = [tmp] if tmp.is_file() else list(tmp.iterdir())
+            if sum(f.stat().st_size for f in files if f.is_file()) >= min_bytes:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no temporary output in {folder} after {timeout} s")
+
+
+@pytest.mark.parametrize("signum, output", [(signal.SIGINT, "--out-dir"), (signal.SIGTERM, "--out-dir"),
+                                            (signal.SIGINT, "--out-stream")],
+                         ids=["SIGINT-shards", "SIGTERM-shards", "SIGINT-stream"])
+def test_a_signal_stops_tokenize_with_one_line_and_leaves_nothing(big_jsonl, tmp_path, signum, output):
+    """The signal goes to the whole process group, as a terminal's Ctrl-C or a job scheduler's stop does: the
+    workers get it too. One line on stderr, status 128 + signal, no traceback, no .tmp-* left, no process left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    target = ["--out-dir", str(out / "shards"), "--dataset", "x", "--shard-tokens", "100000"] \
+        if output == "--out-dir" else ["--out-stream", str(out / "s.bin")]
+    command = [sys.executable, "-m", "speedrun", "tokenize", "--documents", str(big_jsonl), "--threads", "2", *target]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_default_signals)
+    try:
+        _wait_until_writing(out, lambda: proc.poll() is None, min_bytes=100_000)   # encoding is under way
+        os.killpg(proc.pid, signum)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.splitlines() == [STOPPED[signum]], stderr
+    assert list(out.iterdir()) == []                                    # no .tmp-* file or folder, no output
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:                                  # the workers went with it
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"processes of the group {proc.pid} outlived speedrun tokenize")
+
+
+# ---- --threads ------------------------------------------------------------------------------------------
+
+
+def test_threads_above_the_usable_cpus_are_capped_with_a_note(tmp_path, capsys, monkeypatch):
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = []
+
+    class Recording(EncoderPool):
+        def __init__(self, count):
+            workers.append(count)
+            super().__init__(count)
+
+    monkeypatch.setattr("speedrun.tokenize.EncoderPool", Recording)
+    docs = write_parquet(tmp_path / "d.parquet", ["Hello world"] * 4)
+    args = ["tokenize", "--documents", str(docs), "--dataset", "toy", "--shard-tokens", "5", "--out-dir",
+            str(tmp_path / "shards"), "--threads", str(cpus + 1)]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"speedrun tokenize: note: --threads {cpus + 1} is more than the {cpus} CPUs this "
+                                f"process may use; using {cpus}"]
+    assert workers == [cpus]
+    assert load_shard(tmp_path / "shards" / "toy_train_000002.bin").tolist() == [HELLO, WORLD]
+    assert cli_main(args[:-4] + ["--out-dir", str(tmp_path / "again"), "--threads", str(cpus)]) == 0
+    assert capsys.readouterr().err == "" and workers == [cpus, cpus]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -225,3 +227,123 @@ def test_cli_modes(tmp_path, capsys):
     assert f"2 shards, {tokens} tokens of 2 documents" in capsys.readouterr().out
     assert cli_main(["tokenize", "--streams", str(tmp_path / "a.bin"), "--out-dir", str(tmp_path / "x")]) == 2
     assert "--out-dir needs --dataset" in capsys.readouterr().err
+
+
+def test_pretokenized_shard_given_twice_is_refused_unless_repeats_are_asked_for(tmp_path, capsys):
+    val, train, _ = gpt2_files(tmp_path)
+    with pytest.raises(SpeedrunError, match=r"fineweb_train_000001.bin: given twice as a pre-tokenized shard, as "
+                                            r"shards 2 and 3 of 3; give each shard once \(or pass --allow-repeats"):
+        import_pretokenized([val, train, train], "fineweb", tmp_path / "shards")
+    alias = tmp_path / "dl" / "sub" / ".." / train.name                    # the same file under another name
+    (tmp_path / "dl" / "sub").mkdir()
+    with pytest.raises(SpeedrunError, match=rf"given twice as a pre-tokenized shard, as shards 2 \(as {train}\) "
+                                            r"and 3 of 3"):
+        import_pretokenized([val, train, alias], "fineweb", tmp_path / "shards")
+    renamed = tmp_path / "dl" / "fineweb_train_000007.bin"                  # the validation shard as a train shard
+    renamed.hardlink_to(val)
+    with pytest.raises(SpeedrunError, match=rf"fineweb_train_000007.bin: given twice .* shards 1 \(as {val}\) and "
+                                            r"3 of 3; give each shard once \(the validation shard is never trained"):
+        import_pretokenized([val, train, renamed], "fineweb", tmp_path / "shards", allow_repeats=True)
+    assert not (tmp_path / "shards").exists()
+    args = ["tokenize", "--pretokenized", str(val), str(train), str(train), "--dataset", "fineweb", "--out-dir",
+            str(tmp_path / "shards")]
+    assert cli_main(args) == 2
+    assert "give each shard once" in capsys.readouterr().err
+    assert cli_main([*args, "--allow-repeats"]) == 0                       # on purpose: the train shard twice
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    assert [(s["file"], s["sha256"]) for s in manifest["shards"]] == [
+        ("fineweb_val_000000.bin", hashlib.sha256(val.read_bytes()).hexdigest()),
+        ("fineweb_train_000001.bin", hashlib.sha256(train.read_bytes()).hexdigest()),
+        ("fineweb_train_000002.bin", hashlib.sha256(train.read_bytes()).hexdigest())]
+    assert cli_main(["tokenize", "--documents", str(val), "--out-stream", str(tmp_path / "x.bin"),
+                     "--allow-repeats"]) == 2
+    assert "--allow-repeats goes with --pretokenized" in capsys.readouterr().err
+
+
+def test_missing_pretokenized_shard_is_named_as_missing(tmp_path):
+    val, train, _ = gpt2_files(tmp_path)
+    typo = tmp_path / "dl" / "fineweb_va_000000.bin"                     # not the "must be the validation shard"
+    with pytest.raises(SpeedrunError, match=rf"^{typo}: does not exist; expected a pre-tokenized shard file"):
+        import_pretokenized([typo, train], "fineweb", tmp_path / "shards")
+    gone = tmp_path / "dl" / "fineweb_train_000009.bin"
+    with pytest.raises(SpeedrunError, match=rf"^{gone}: does not exist"):
+        import_pretokenized([val, gone], "fineweb", tmp_path / "shards")
+    with pytest.raises(SpeedrunError, match=r"dl: is not a file; expected a pre-tokenized shard file"):
+        import_pretokenized([val, tmp_path / "dl"], "fineweb", tmp_path / "shards")
+    assert not (tmp_path / "shards").exists()
+
+
+def reserved_set(tokens: list[int], index: int, value: int) -> bytes:
+    """A shard whose header int ``index`` (3..255: reserved, zero in the format) is ``value``."""
+    raw = bytearray(shard_bytes(tokens))
+    raw[4 * index:4 * index + 4] = value.to_bytes(4, "little", signed=True)
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("index, value", [(3, 1), (255, -7)])
+def test_nonzero_reserved_header_int_is_refused(tmp_path, index, value):
+    """speedrun-spec.md section 1.1: header[3..255] are zero."""
+    bad = {"fineweb_train_000002.bin": reserved_set([8, BOS, 9], index, value)}
+    with pytest.raises(SpeedrunError, match=rf"train_000002.bin: header int {index} is {value}; expected 0"):
+        import_pretokenized(gpt2_files(tmp_path, **bad), "fineweb", tmp_path / "shards")
+    assert not (tmp_path / "shards").exists()
+    (tmp_path / "s.bin").write_bytes(reserved_set([BOS, 1, 2], index, value))       # a token stream too
+    with pytest.raises(SpeedrunError, match=rf"s.bin: header int {index} is {value}; expected 0"):
+        shard_streams([tmp_path / "s.bin"], "fw", 2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_tokens_with_pretokenized_is_refused(tmp_path, capsys):
+    paths = gpt2_files(tmp_path)
+    args = ["tokenize", "--pretokenized", *map(str, paths), "--dataset", "fineweb", "--out-dir",
+            str(tmp_path / "shards")]
+    assert cli_main([*args, "--shard-tokens", "4096"]) == 2
+    assert capsys.readouterr().err == ("speedrun tokenize: error: --shard-tokens 4096 does not apply to "
+                                       "--pretokenized: those shards are taken as they are (the manifest's "
+                                       "shard_tokens is the largest one's token count); leave --shard-tokens out\n")
+    assert not (tmp_path / "shards").exists()
+    assert cli_main(args) == 0                                            # without it: the shards are taken
+    assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["shard_tokens"] == 7
+
+
+def test_too_few_tokens_name_the_documents_of_the_streams(tmp_path, capsys):
+    """The workflow tokenizes the user's files into temporary streams: the message names the user's files."""
+    files = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for path in files:
+        path.write_text("Hello world")
+        tokenize_to_stream(path, tmp_path / f"{path.stem}.bin")
+    streams = [str(tmp_path / "a.bin"), str(tmp_path / "b.bin")]
+    base = ["tokenize", "--streams", *streams, "--dataset", "t", "--shard-tokens", "10", "--out-dir",
+            str(tmp_path / "shards")]
+    assert cli_main([*base, "--stream-sources", *map(str, files)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"speedrun tokenize: error: {files[0]}, {files[1]}: 2 documents make 6 tokens, at most "
+                          "one shard of shard_tokens=10: no train shard after the validation shard")
+    assert "a.bin" not in err
+    assert cli_main(base) == 2                                            # without the sources: the streams
+    assert f"error: {streams[0]}, {streams[1]}: 2 documents make 6 tokens" in capsys.readouterr().err
+    assert cli_main([*base, "--stream-sources", str(files[0])]) == 2
+    assert ("1 stream sources for 2 token streams (--stream-sources, --streams); expected the documents file of "
+            "each stream") in capsys.readouterr().err
+    assert cli_main(["tokenize", "--documents", str(files[0]), "--out-stream", str(tmp_path / "c.bin"),
+                     "--stream-sources", str(files[0])]) == 2
+    assert "--stream-sources goes with --streams" in capsys.readouterr().err
+    assert not (tmp_path / "shards").exists() and not (tmp_path / "c.bin").exists()
+
+
+def test_workflow_passes_the_documents_files_and_no_shard_tokens_for_pretokenized(tmp_path):
+    """The options workflow/rules/tokenize.smk gives `speedrun tokenize` per data source: its functions (the
+    text before the first rule) run on a stub config, as Snakemake runs them after common.smk."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a b.txt").write_text("Hello world")
+    (tmp_path / "in" / "c.jsonl").write_text(json.dumps({"text": "Hello"}) + "\n")
+    text = (Path(__file__).resolve().parents[1] / "workflow/rules/tokenize.smk").read_text()
+    functions = compile(text.split("\nrule ", 1)[0], "tokenize.smk", "exec")
+    patterns = [str(tmp_path / "in" / "*.txt"), str(tmp_path / "in" / "*.jsonl")]
+    sources = f"'{tmp_path}/in/a b.txt' {tmp_path}/in/c.jsonl"
+    for source, expected in [("embedded", "--shard-tokens 4096"), ("fineweb-gpt2", ""),
+                             ("files", f"--shard-tokens 4096 --stream-sources {sources}")]:
+        config = {"data": {"source": source, "shard_tokens": 4096, "files": {"paths": patterns}}}
+        namespace = {"config": config, "os": os, "CONFIG_FILES": "config.yaml", "SpeedrunError": SpeedrunError}
+        exec(functions, namespace)
+        assert namespace["get_tokenize_options"](None) == expected, source

@@ -17,6 +17,9 @@ after Snakemake died. A parent that ended before the request (the parent pid cha
 before torch's import) stops the run at once, as the signal would have. Elsewhere (macOS, Windows) there is no such
 request: the command says so on stderr and runs unprotected.
 
+``speedrun tokenize`` stops the same way (:func:`stop_on_signals`, :class:`RunStopped`), and its encoding
+workers die with it (:func:`request_parent_death_signal`, :mod:`speedrun.data.encode`).
+
 This module imports no torch: :mod:`speedrun.train` imports it first, so that :data:`PARENT_PID_AT_START` is
 read before the seconds-long torch import.
 """
@@ -88,17 +91,9 @@ def die_with_parent(parent: int = PARENT_PID_AT_START) -> Iterator[str | None]:
 
     Linux sends the signal when the *thread* that forked this process ends; torchrun starts its workers from
     its main thread, so that is when torchrun ends."""
-    if not sys.platform.startswith("linux"):
-        yield f"PR_SET_PDEATHSIG is Linux's; on {sys.platform} the run does not stop when its launcher dies"
-        return
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError) as e:
-        yield f"no prctl in the C library ({e})"
-        return
-    if prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0),
-             ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
-        yield f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}"
+    why_not = request_parent_death_signal(signal.SIGTERM)
+    if why_not is not None:
+        yield why_not
         return
     try:
         now = os.getppid()
@@ -107,5 +102,21 @@ def die_with_parent(parent: int = PARENT_PID_AT_START) -> Iterator[str | None]:
                                              f"run started (parent is now {now})")
         yield None
     finally:
-        prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
-              ctypes.c_ulong(0))
+        request_parent_death_signal(0)
+
+
+def request_parent_death_signal(signum: int) -> str | None:
+    """Ask Linux to send this process ``signum`` when the thread that forked it ends
+    (``prctl(PR_SET_PDEATHSIG, signum)``, prctl(2); 0 clears the request). Returns None when done, else why not:
+    not Linux, no prctl in the C library, or prctl refused (its errno's message). Used by :func:`die_with_parent`
+    (SIGTERM, a training run) and by the tokenizer's encoding workers (SIGKILL, :mod:`speedrun.data.encode`)."""
+    if not sys.platform.startswith("linux"):
+        return f"PR_SET_PDEATHSIG is Linux's; on {sys.platform} the run does not stop when its launcher dies"
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError) as e:
+        return f"no prctl in the C library ({e})"
+    if prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signum), ctypes.c_ulong(0), ctypes.c_ulong(0),
+             ctypes.c_ulong(0)) != 0:
+        return f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}"
+    return None

@@ -18,6 +18,11 @@ Three ways in, one way out (a shard folder written as a whole, atomically):
   (:mod:`speedrun.data.pretokenized`).
 
 A failed write (a full disk) raises :class:`SpeedrunError` naming the output; nothing half written remains.
+SIGINT (Ctrl-C) or SIGTERM stops the command as it stops a training run (:mod:`speedrun.stopping`): one line
+on stderr (``speedrun tokenize: interrupted by SIGINT``, ``... terminated by SIGTERM``), exit status 130 or
+143, no traceback (the encoding workers leave the signal to this process, :mod:`speedrun.data.encode`), and no
+``.tmp-*`` file or folder left (the outputs are written through :mod:`speedrun.atomic` and
+:func:`~speedrun.data.dataset.atomic_directory`, which remove them on any exception).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import contextlib
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -35,9 +41,10 @@ from speedrun.atomic import atomic_path, write_json
 from speedrun.data.dataset import MANIFEST, SHARDS, atomic_directory
 from speedrun.data.documents import iter_text_batches
 from speedrun.data.encode import EncoderPool
-from speedrun.data.pretokenized import add_pretokenized, check_gpt2_ids
+from speedrun.data.pretokenized import add_pretokenized, check_gpt2_ids, check_reserved_header
 from speedrun.data.shards import (
     BOS_ID,
+    HEADER_BYTES,
     HEADER_INTS,
     MAGIC,
     VERSION,
@@ -47,6 +54,7 @@ from speedrun.data.shards import (
     write_shard,
 )
 from speedrun.errors import SpeedrunError
+from speedrun.stopping import RunStopped, stop_on_signals
 
 TOKENIZER = "gpt2 (tiktoken, encode_ordinary, BOS 50256)"
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -177,42 +185,54 @@ def tokenize_to_stream(documents: str | Path, out: str | Path, threads: int = 1,
     return counter.documents, total
 
 
-def shard_streams(streams: Sequence[str | Path], dataset: str, shard_tokens: int,
-                  out_dir: str | Path) -> dict[str, Any]:
+def shard_streams(streams: Sequence[str | Path], dataset: str, shard_tokens: int, out_dir: str | Path,
+                  sources: Sequence[str | Path] | None = None) -> dict[str, Any]:
     """Cut token streams (:func:`tokenize_to_stream`), concatenated in order, into the shards of ``out_dir``.
 
-    The result is byte for byte what :func:`tokenize_documents` makes of the same files. Raises
-    :class:`SpeedrunError` for a bad stream header or a token id of 50257 or more (the file and position are
-    named, :func:`~speedrun.data.pretokenized.check_gpt2_ids`) and as :func:`tokenize_documents`.
+    ``sources``: the documents file each stream was made from (the workflow's temporary streams stand for the
+    user's files), named instead of the streams in the messages about the data as a whole (no documents, too
+    few tokens for a train shard); one per stream. The result is byte for byte what :func:`tokenize_documents`
+    makes of the same files. Raises :class:`SpeedrunError` for a ``sources`` list of another length, a bad
+    stream header (a non-zero reserved int included, :func:`~speedrun.data.pretokenized.check_reserved_header`)
+    or a token id of 50257 or more (the file and position are named,
+    :func:`~speedrun.data.pretokenized.check_gpt2_ids`) and as :func:`tokenize_documents`.
     """
     streams, out_dir = _paths(streams), Path(out_dir)
     _check_arguments(dataset, shard_tokens, 1)
+    if sources is not None and len(sources) != len(streams):
+        raise SpeedrunError(f"{len(sources)} stream sources for {len(streams)} token streams (--stream-sources, "
+                            "--streams); expected the documents file of each stream, in the same order")
+    named = ", ".join(map(str, streams if sources is None else sources))
     with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=streams) as tmp:
         writer, documents = ShardWriter(tmp, dataset, shard_tokens), 0
         for path in streams:
             tokens = load_shard(path)
+            with open(path, "rb") as f:
+                check_reserved_header(path, f.read(HEADER_BYTES))
             if len(tokens) == 0 or int(tokens[0]) != BOS_ID:
                 raise SpeedrunError(f"{path}: a token stream must start with a document (token {BOS_ID})")
             check_gpt2_ids(path, tokens)
             documents += int(np.count_nonzero(tokens == BOS_ID))
             writer.add(tokens)
         writer.close()
-        manifest = _manifest(", ".join(map(str, streams)), dataset, shard_tokens, documents, writer.entries)
+        manifest = _manifest(named, dataset, shard_tokens, documents, writer.entries)
         write_json(tmp / MANIFEST, manifest)
     return manifest
 
 
-def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str | Path) -> dict[str, Any]:
+def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str | Path,
+                        allow_repeats: bool = False) -> dict[str, Any]:
     """Take pre-tokenized shards (validation first) as the dataset ``dataset`` in ``out_dir``, with a manifest.
 
-    ``shard_tokens`` in the manifest is the largest shard's token count. Raises :class:`SpeedrunError` for a
-    bad order, header, size or token id (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as
-    in :func:`tokenize_documents`.
+    ``shard_tokens`` in the manifest is the largest shard's token count; ``allow_repeats`` lets a train shard be
+    given more than once. Raises :class:`SpeedrunError` for a missing file, a file given twice, a bad order,
+    header, size or token id (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as in
+    :func:`tokenize_documents`.
     """
     shards, out_dir = _paths(shards), Path(out_dir)
     _check_arguments(dataset, 1, 1)
     with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=shards) as tmp:
-        entries = add_pretokenized(shards, dataset, tmp)
+        entries = add_pretokenized(shards, dataset, tmp, allow_repeats)
         documents = sum(entry["documents"] for entry in entries)
         shard_entries = [{k: v for k, v in entry.items() if k != "documents"} for entry in entries]
         manifest = {"dataset": dataset, "shard_tokens": max(e["tokens"] for e in entries),
@@ -258,28 +278,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     outputs = parser.add_mutually_exclusive_group(required=True)
     outputs.add_argument("--out-dir", type=Path, help="directory of shards (and manifest.json) to write")
     outputs.add_argument("--out-stream", type=Path, help="with one --documents file: its token stream to write")
+    parser.add_argument("--stream-sources", type=Path, nargs="+",
+                        help="with --streams: the documents file each stream was made from, in the same order "
+                             "(named in messages instead of the streams)")
+    parser.add_argument("--allow-repeats", action="store_true",
+                        help="with --pretokenized: a train shard may be given more than once (data repeated on "
+                             "purpose, e.g. a benchmark that needs more tokens than it has)")
     parser.add_argument("--dataset", help="dataset name: the shard file prefix (with --out-dir)")
     parser.add_argument("--shard-tokens", type=int, help="tokens per shard (with --documents/--streams --out-dir)")
     parser.add_argument("--text-column", default="text", help="parquet column or JSON field of the text")
-    parser.add_argument("--threads", type=int, default=1, help="worker processes that encode (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="worker processes that encode (default 1; at most the CPUs this process may use)")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the platform has one (taskset, Slurm and
+    container CPU sets), else ``os.cpu_count()``; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _capped_threads(threads: int) -> int:
+    """``threads``, or the usable CPUs when it asks for more (more encoding processes than CPUs only add
+    memory and switching), with a one-line note on stderr. A value below 1 is left to the stage's check."""
+    cpus = usable_cpus()
+    if threads <= cpus:
+        return threads
+    print(f"speedrun tokenize: note: --threads {threads} is more than the {cpus} CPUs this process may use; "
+          f"using {cpus}", file=sys.stderr)
+    return cpus
 
 
 def main(args: argparse.Namespace) -> int:
+    """``speedrun tokenize``: 0 when written; 130 or 143 (:attr:`~speedrun.stopping.RunStopped.exit_status`)
+    when SIGINT or SIGTERM stopped it, with one line on stderr and nothing half written left (module
+    docstring). Raises :class:`SpeedrunError` (``speedrun tokenize: error: ...``, status 2) for a bad argument
+    or input."""
+    with stop_on_signals():
+        try:
+            _run(args)
+        except RunStopped as e:
+            print(f"speedrun tokenize: {e}", file=sys.stderr)
+            return e.exit_status
+    return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.stream_sources is not None and args.streams is None:
+        raise SpeedrunError("--stream-sources goes with --streams (the documents file of each stream)")
+    if args.allow_repeats and args.pretokenized is None:
+        raise SpeedrunError("--allow-repeats goes with --pretokenized (a train shard given more than once)")
     if args.out_stream is not None:
         if args.documents is None or len(args.documents) != 1:
             raise SpeedrunError("--out-stream needs exactly one --documents file")
-        count, tokens = tokenize_to_stream(args.documents[0], args.out_stream, args.threads, args.text_column)
-        print(f"wrote {tokens} tokens of {count} documents of {args.documents[0]} to {args.out_stream}")
-        return 0
+        return
     if args.dataset is None or (args.shard_tokens is None and args.pretokenized is None):
         raise SpeedrunError("--out-dir needs --dataset (and --shard-tokens unless --pretokenized)")
+    if args.pretokenized is not None and args.shard_tokens is not None:
+        raise SpeedrunError(f"--shard-tokens {args.shard_tokens} does not apply to --pretokenized: those shards are "
+                            "taken as they are (the manifest's shard_tokens is the largest one's token count); "
+                            "leave --shard-tokens out")
+
+
+def _run(args: argparse.Namespace) -> None:
+    _check_options(args)
+    threads = _capped_threads(args.threads) if args.documents is not None else args.threads
+    if args.out_stream is not None:
+        count, tokens = tokenize_to_stream(args.documents[0], args.out_stream, threads, args.text_column)
+        print(f"wrote {tokens} tokens of {count} documents of {args.documents[0]} to {args.out_stream}")
+        return
     if args.documents is not None:
-        manifest = tokenize_documents(args.documents, args.dataset, args.shard_tokens, args.out_dir,
-                                      args.threads, args.text_column)
+        manifest = tokenize_documents(args.documents, args.dataset, args.shard_tokens, args.out_dir, threads,
+                                      args.text_column)
     elif args.streams is not None:
-        manifest = shard_streams(args.streams, args.dataset, args.shard_tokens, args.out_dir)
+        manifest = shard_streams(args.streams, args.dataset, args.shard_tokens, args.out_dir, args.stream_sources)
     else:
-        manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir)
+        manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir, args.allow_repeats)
     print(f"wrote {len(manifest['shards'])} shards, {manifest['total_tokens']} tokens of "
           f"{manifest['documents']} documents to {args.out_dir}")
-    return 0

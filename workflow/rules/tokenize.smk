@@ -5,6 +5,7 @@
 #   fineweb-gpt2  the downloaded shards (download.smk), checked and linked in as they are.
 # Both ways give the bytes modded-nanogpt's data/fineweb.py gives for the same documents in the same order.
 import glob
+import shlex
 
 from speedrun.data.documents import SUFFIXES, document_format
 
@@ -69,6 +70,17 @@ def get_tokenize_mode(wildcards):
     )
 
 
+def get_tokenize_options(wildcards):
+    """The `tokenize` job's options of its mode: --shard-tokens, except for pre-tokenized shards (taken as they are;
+    the command refuses the option there), and with token streams the documents file of each stream, which the
+    command's messages name instead of the temporary streams. One shell-quoted string."""
+    mode = get_tokenize_mode(wildcards)
+    options = [] if mode == "--pretokenized" else ["--shard-tokens", str(config["data"]["shard_tokens"])]
+    if mode == "--streams":
+        options += ["--stream-sources", *get_document_files()]
+    return " ".join(shlex.quote(option) for option in options)
+
+
 # Encoding uses every core: Snakemake lowers a rule's threads to the cores it is given (--cores), and a
 # fixed number keeps commands that plan without --cores (--report, --list-changes) working.
 ALL_CORES = 256
@@ -105,12 +117,11 @@ rule tokenize:
         code=code("speedrun.tokenize"),
     params:
         mode=get_tokenize_mode,
-        shard_tokens=config["data"]["shard_tokens"],
+        options=get_tokenize_options,
         text_column=get_text_column,
     threads: get_tokenize_threads
     log:
         "logs/tokenize/{dataset}.log",
     shell:
-        "speedrun tokenize {params.mode} {input.data:q} --text-column {params.text_column:q} "
-        "--dataset {wildcards.dataset} --shard-tokens {params.shard_tokens} --threads {threads} "
-        "--out-dir {output} > {log} 2>&1"
+        "speedrun tokenize {params.mode} {input.data:q} {params.options} --text-column {params.text_column:q} "
+        "--dataset {wildcards.dataset} --threads {threads} --out-dir {output} > {log} 2>&1"

@@ -11,12 +11,25 @@ through a pipe. Here each worker encodes a whole batch with ``encode_to_numpy(te
 (tiktoken's own equivalence: ``encode_ordinary(text) == encode(text, disallowed_special=())``; special-token
 strings inside a text stay plain text) and sends back one array of 2 bytes per token. At most ``2 x workers``
 batches are in flight, so memory stays bounded however large the input.
+
+Stopping: the workers ignore SIGINT and SIGTERM, so a Ctrl-C (SIGINT to the whole process group) or a SIGTERM
+to every process of a job (Slurm's ``scancel``, a container's stop) leaves them to the parent, whose handler
+(:func:`speedrun.stopping.stop_on_signals` in ``speedrun tokenize``) stops the run with one line and no worker
+traceback. Leaving the pool (``__exit__``, on success, error or stop) closes it: the workers finish the at most
+``2 x workers`` batches in flight and exit, so none is killed while it holds the pool's task-queue lock (the
+deadlock of ``Pool.terminate`` after a worker died holding it). The two signals are blocked while the workers
+start, so none lands between a fork and the worker's own handlers. On Linux a worker dies with its parent
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``, as :func:`speedrun.stopping.die_with_parent` for a training run), so a
+forced stop (a second Ctrl-C, SIGKILL) leaves no orphan waiting for work; elsewhere such workers may remain.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing as mp
+import os
+import signal
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Iterable, Iterator, Sequence
 
@@ -24,8 +37,10 @@ import numpy as np
 
 from speedrun.data.shards import BOS_ID
 from speedrun.data.tokenizer import gpt2_encoding
+from speedrun.stopping import request_parent_death_signal
 
 _BOS = np.array([BOS_ID], dtype=np.uint32)
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def encode_texts(texts: Sequence[str]) -> np.ndarray:
@@ -43,6 +58,40 @@ def encode_texts(texts: Sequence[str]) -> np.ndarray:
 def _start_method() -> str:
     """``fork`` where the platform has it (workers inherit the built encoding), else ``spawn``."""
     return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread within the block (threads and processes started there inherit
+    the mask); one that comes meanwhile is delivered, and its handler run, at the end. A no-op without
+    ``signal.pthread_sigmask`` (Windows)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel SIGKILL this process when the thread that forked it ends
+    (:func:`speedrun.stopping.request_parent_death_signal`); a parent that ended before the request (the parent
+    pid is no longer ``parent``) ends this process now. Elsewhere, or without a usable prctl, nothing."""
+    if request_parent_death_signal(signal.SIGKILL) is None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _quiet_worker(parent: int) -> None:
+    """Pool initializer: SIGINT and SIGTERM ignored (the parent ``parent`` handles a stop and closes the pool),
+    death with the parent (:func:`_die_with_parent`), then the signals the parent blocked while forking are
+    unblocked (one that came meanwhile is discarded)."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    _die_with_parent(parent)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 class EncoderPool:
@@ -64,12 +113,20 @@ class EncoderPool:
     def __enter__(self) -> "EncoderPool":
         if self.workers > 1:
             gpt2_encoding()  # built once here, inherited by forked workers
-            self._pool = mp.get_context(_start_method()).Pool(self.workers)
+            try:
+                with _stop_signals_blocked():
+                    self._pool = mp.get_context(_start_method()).Pool(self.workers, initializer=_quiet_worker,
+                                                                      initargs=(os.getpid(),))
+            except BaseException:       # a stop signal that came while forking, raised once unblocked
+                self.__exit__()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the pool: the batches in flight are encoded (and dropped), then the workers exit (module
+        docstring, "Stopping": ``Pool.terminate`` could deadlock, and the workers ignore its SIGTERM)."""
         if self._pool is not None:
-            self._pool.terminate()
+            self._pool.close()
             self._pool.join()
             self._pool = None
 

@@ -2,11 +2,14 @@
 ``data/cached_fineweb10B.py`` downloads (speedrun-spec.md sections 1.1-1.2).
 
 Each shard is checked in one pass over its bytes: the header (magic 20240520, version 1, file size = 1024 + 2
-x count), every token id below 50257 (GPT-2's vocabulary; a larger id would index past the embedding), its
-sha256 and its number of BOS tokens (50256, one per document start). The first shard given must be the
-validation shard (``*_val_*``), the others training shards (``*_train_*``), in order. They enter the dataset
-folder under the dataset's own names as hard links (a copy where the file system refuses links), so the 20 GB
-of FineWeb10B are not written twice.
+x count, header ints 3..255 zero as the format has them: speedrun-spec.md section 1.1, docs/formats.md), every
+token id below 50257 (GPT-2's vocabulary; a larger id would index past the embedding), its sha256 and its
+number of BOS tokens (50256, one per document start). Every path must be an existing file, given once (the same
+file under two names counts as given twice) unless repeats are asked for (a benchmark that reads one train shard
+several times over); the first shard given must be the validation shard (``*_val_*``),
+the others training shards (``*_train_*``), in order. They enter the dataset folder under the dataset's own
+names as hard links (a copy where the file system refuses links), so the 20 GB of FineWeb10B are not written
+twice.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from speedrun.data.shards import BOS_ID, HEADER_BYTES, read_header, shard_filename
+from speedrun.data.shards import BOS_ID, HEADER_BYTES, HEADER_INTS, read_header, shard_filename
 from speedrun.data.tokenizer import N_VOCAB
 from speedrun.errors import SpeedrunError
 
 CHUNK_TOKENS = 1 << 23
+RESERVED_HEADER_INTS = range(3, HEADER_INTS)     # zero in the format (speedrun-spec.md section 1.1)
 
 
 def check_gpt2_ids(path: str | os.PathLike[str], tokens: np.ndarray, offset: int = 0) -> None:
@@ -41,16 +45,31 @@ def check_gpt2_ids(path: str | os.PathLike[str], tokens: np.ndarray, offset: int
                                 f"(expected < {N_VOCAB})")
 
 
+def check_reserved_header(path: str | os.PathLike[str], header: bytes) -> None:
+    """Check that ints 3..255 of the shard header ``header`` (the file's first 1024 bytes, 256 little-endian
+    int32) are 0, as the format has them (speedrun-spec.md section 1.1: ``header[3..255]`` zero; llm.c and
+    modded-nanogpt write zeros). Raises :class:`SpeedrunError` naming the file ``path``, the first non-zero
+    int's index and its value."""
+    ints = np.frombuffer(header[:HEADER_BYTES], dtype="<i4")
+    nonzero = np.flatnonzero(ints[RESERVED_HEADER_INTS.start:])
+    if nonzero.size:
+        index = RESERVED_HEADER_INTS.start + int(nonzero[0])
+        raise SpeedrunError(f"{path}: header int {index} is {int(ints[index])}; expected 0 (ints 3..255 of a shard "
+                            "header are reserved and zero: magic, version and token count are ints 0..2)")
+
+
 def scan_shard(path: Path) -> dict[str, Any]:
     """``{tokens, documents, sha256}`` of the shard at ``path``: token count, BOS count and the file's sha256.
 
-    Raises :class:`SpeedrunError` naming the file for a bad header or size (:func:`read_header`) or a token id
-    of 50257 or more (its position is given).
+    Raises :class:`SpeedrunError` naming the file for a bad header or size (:func:`read_header`), a non-zero
+    reserved header int (:func:`check_reserved_header`) or a token id of 50257 or more (its position is given).
     """
     count = read_header(path)
     digest, documents, offset = hashlib.sha256(), 0, 0
     with open(path, "rb") as f:
-        digest.update(f.read(HEADER_BYTES))
+        header = f.read(HEADER_BYTES)
+        check_reserved_header(path, header)
+        digest.update(header)
         while chunk := f.read(2 * CHUNK_TOKENS):
             digest.update(chunk)
             tokens = np.frombuffer(chunk, dtype="<u2")
@@ -60,9 +79,30 @@ def scan_shard(path: Path) -> dict[str, Any]:
     return {"tokens": count, "documents": documents, "sha256": digest.hexdigest()}
 
 
-def _check_order(shards: list[Path]) -> None:
+def _check_files(shards: list[Path], allow_repeats: bool) -> None:
+    """Refuse a path that is not an existing file, and a file given twice (under one name or two: the same
+    device and inode), naming the path (and the earlier name of the same file); ``allow_repeats`` lets a train
+    shard repeat, never the validation shard (the first: it would be trained on)."""
+    seen: dict[tuple[int, int], tuple[int, Path]] = {}
+    for number, path in enumerate(shards, start=1):
+        if not path.exists():
+            raise SpeedrunError(f"{path}: does not exist; expected a pre-tokenized shard file (.bin)")
+        if not path.is_file():
+            raise SpeedrunError(f"{path}: is not a file; expected a pre-tokenized shard file (.bin)")
+        stat = path.stat()
+        first = seen.setdefault((stat.st_dev, stat.st_ino), (number, path))
+        if first[0] != number and (first[0] == 1 or not allow_repeats):
+            same = "" if first[1] == path else f" (as {first[1]})"
+            raise SpeedrunError(f"{path}: given twice as a pre-tokenized shard, as shards {first[0]}{same} and "
+                                f"{number} of {len(shards)}; give each shard once"
+                                + (" (the validation shard is never trained on)" if first[0] == 1 else
+                                   " (or pass --allow-repeats to repeat a train shard on purpose)"))
+
+
+def _check_order(shards: list[Path], allow_repeats: bool) -> None:
     if not shards:
         raise SpeedrunError("no pre-tokenized shards given")
+    _check_files(shards, allow_repeats)
     if "_val_" not in shards[0].name:
         raise SpeedrunError(f"{shards[0]}: the first pre-tokenized shard must be the validation shard (*_val_*)")
     for path in shards[1:]:
@@ -80,12 +120,15 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path) -> list[dict[str, Any]]:
+def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path,
+                     allow_repeats: bool = False) -> list[dict[str, Any]]:
     """Check ``shards`` (validation first) and place them in ``out_dir`` as ``{dataset}_val_000000.bin``,
     ``{dataset}_train_000001.bin``, ...; return their manifest entries (``file, split, tokens, sha256,
-    documents``). Raises :class:`SpeedrunError` for a wrong order or a bad shard (see :func:`scan_shard`)."""
+    documents``). ``allow_repeats``: a train shard may be given more than once (read that many times over).
+    Raises :class:`SpeedrunError` for a missing file, a file given twice (the validation shard: even with
+    ``allow_repeats``), a wrong order or a bad shard (see :func:`scan_shard`)."""
     shards = [Path(p) for p in shards]
-    _check_order(shards)
+    _check_order(shards, allow_repeats)
     entries = []
     for index, source in enumerate(shards):
         scanned = scan_shard(source)
