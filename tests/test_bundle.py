@@ -203,3 +203,17 @@ def test_a_candidate_without_train_time_is_told_why_speed_is_not_compared():
     reasons = not_a_record_reasons(group_stats(cand, 7.0), compare_groups(base, cand, 0.01, 7.0))
     assert reasons == ["is not compared for speed with the baseline (no train_time in 3 of 3 candidate runs: a "
                        "t-test needs at least 2 timed runs per sample)"]
+
+
+def test_the_runs_section_counts_a_copy_of_a_diverged_log_once(tmp_path):
+    """A byte copy of a diverged log is diverged and a duplicate: the README's accounting of the side's logs
+    counts it among the diverged runs only, so the parts add up to the number of logs (5 = 3 + 2)."""
+    base = make_side(tmp_path, "baseline", [None, 6.90, 6.95, 6.88], 0.05, extra=["seed0-copy.txt"])
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79], 0.04, extra=["seed0-copy.txt"])
+    out = tmp_path / "out" / "record"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(out),
+                     "--target", "7"]) == 0
+    readme = (out / "README.md").read_text()
+    assert "- `baseline/`: 5 log(s), 3 counted, 2 diverged; `statistics.md` lists every run." in readme
+    # a copy of a complete log still counts once
+    assert "- `candidate/`: 4 log(s), 3 counted, 1 duplicate(s) counted once;" in readme

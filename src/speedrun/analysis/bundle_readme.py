@@ -57,11 +57,15 @@ def not_a_record_reasons(cand: "GroupStats", c: "Comparison") -> list[str]:
 
 
 def _accounting(s: "GroupStats", side: str) -> str:
+    """``- `side/`: 5 log(s), 3 counted, 1 diverged, 1 duplicate(s) counted once; ...``: every log once (a copy
+    of a diverged log is among the diverged ones, not among the duplicates counted once)."""
     g = s.group
     parts = [f"{len(g.runs)} log(s)", f"{s.val_loss.n} counted"]
     parts += status_counts(s.incomplete)
-    if g.duplicates:
-        parts.append(f"{len(g.duplicates)} duplicate(s) counted once")
+    complete_duplicates = sum(1 for r, orig in zip(g.runs, g.duplicate_of)
+                              if orig is not None and r.status == "complete")
+    if complete_duplicates:
+        parts.append(f"{complete_duplicates} duplicate(s) counted once")
     return f"- `{side}/`: " + ", ".join(parts) + "; `statistics.md` lists every run."
 
 
