@@ -1,5 +1,5 @@
 """`speedrun bos-index`: positions against a naive scan, manifest, stale and corrupt shards, refused output
-folders; and opening a tokenized dataset for training (`speedrun.data.dataset.open_dataset`)."""
+folders; and opening a tokenized dataset for training (`speedrun.train_data.load_training_data`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from speedrun.bos_index import bos_positions, build_bos_index
 from speedrun.cli import main as cli_main
-from speedrun.data.dataset import open_dataset
 from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
 from speedrun.tokenize import tokenize_documents
+from speedrun.train_data import load_training_data
 
 BOS = 50256
 
@@ -80,24 +80,27 @@ def test_corrupt_shard_is_named(shards_dir, tmp_path):
         build_bos_index(shards_dir, tmp_path / "bos")
 
 
-def test_open_dataset(shards_dir, tmp_path):
+def test_load_training_data(shards_dir, tmp_path):
     build_bos_index(shards_dir, tmp_path / "bos")
-    data = open_dataset(shards_dir, tmp_path / "bos")
+    data = load_training_data(shards_dir, tmp_path / "bos")
     assert data.val_tokens.tolist() == load_shard(shards_dir / "toy_val_000000.bin").tolist()
     assert data.val_bos.tolist() == naive_scan(data.val_tokens)
     assert len(data.train_shards) == len(data.train_bos) >= 2
     for tokens, bos in zip(data.train_shards, data.train_bos):
-        assert bos.tolist() == naive_scan(tokens)
+        assert bos.dtype == np.int64 and bos.tolist() == naive_scan(tokens)
 
 
-def test_open_dataset_refuses_stale_index(shards_dir, tmp_path):
+def test_load_training_data_refuses_a_bos_index_of_another_length(shards_dir, tmp_path):
     build_bos_index(shards_dir, tmp_path / "bos")
-    path = shards_dir / "manifest.json"
-    manifest = json.loads(path.read_text())
-    manifest["shards"][0]["sha256"] = "f" * 64
-    path.write_text(json.dumps(manifest))
-    with pytest.raises(SpeedrunError, match="toy_val_000000.bin with sha256 ffff.*stale"):
-        open_dataset(shards_dir, tmp_path / "bos")
+    index = next((tmp_path / "bos").glob("toy_train_*.npy"))
+    np.save(index, np.load(index)[:-1])
+    with pytest.raises(SpeedrunError, match=rf"{index.name}: expected \d+ int64 positions, found shape"):
+        load_training_data(shards_dir, tmp_path / "bos")
+
+
+def test_load_training_data_names_the_stage_of_a_missing_manifest(shards_dir, tmp_path):
+    with pytest.raises(SpeedrunError, match=r"bos/manifest.json: not found \(run the bos_index stage first\)"):
+        load_training_data(shards_dir, tmp_path / "bos")
 
 
 def tree(directory):

@@ -65,7 +65,7 @@ def build_bos_index(shards_dir: str | Path, out_dir: str | Path) -> dict[str, An
     any work, for an ``out_dir`` that is, contains or lies inside ``shards_dir`` or a shard, or that is
     neither absent, empty nor a previous BOS index (:func:`~speedrun.data.dataset.check_output_directory`)."""
     shards_dir, out_dir = Path(shards_dir), Path(out_dir)
-    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)
+    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS, stage="tokenize")
     check_splits(shards_dir, shards["shards"])
     inputs = [shards_dir, *(shards_dir / str(entry["file"]) for entry in shards["shards"])]
     with atomic_directory(out_dir, kind=BOS_INDEX, inputs=inputs) as tmp:

@@ -90,7 +90,7 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
             raise SpeedrunError(
                 f"{what}: tokens_per_step {tokens} is not a multiple of micro_batches {micro_batches}"
             )
-    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)["shards"]
+    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS, stage="tokenize")["shards"]
     check_splits(shards_dir, shards)
     val, train = shards[0], shards[1:]
     if val["tokens"] < val_tokens + 1:
@@ -99,7 +99,7 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
             f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
         )
     bos = {entry["shard"]: bos_dir / entry["file"]
-           for entry in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS)["shards"]}
+           for entry in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS, stage="bos_index")["shards"]}
     missing = [s["file"] for s in train if s["file"] not in bos]
     if missing:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")

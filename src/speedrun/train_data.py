@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.data.loader import steps_available
 from speedrun.data.shards import load_shard, sha256_file
 from speedrun.errors import SpeedrunError
@@ -33,45 +34,48 @@ class TrainingData:
     val_sha256: str = ""
 
 
-def _read_json(path: Path, stage: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise SpeedrunError(f"{path}: not found (run the {stage} stage first)")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def load_training_data(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[str]) -> TrainingData:
-    """Shards listed in ``shards_dir/manifest.json`` (one ``val``, then the ``train`` ones in order) and
-    ``bos_dir/<stem>.npy``. Raises :class:`SpeedrunError` on a missing file, a shard whose length differs
-    from the manifest, or a BOS index made from another version of a shard (its sha256 differs)."""
+    """Shards listed in ``shards_dir/manifest.json`` (one ``val``, then the ``train`` ones in order,
+    :func:`~speedrun.data.dataset.check_splits`; uint16 memory maps) and their BOS indices
+    ``bos_dir/<stem>.npy`` (int64 positions). Raises :class:`SpeedrunError` on a missing or malformed manifest
+    (:func:`~speedrun.data.dataset.read_manifest`), a missing file, a shard whose length differs from the
+    manifest, a shard without a BOS index, a BOS index made from another version of a shard (its sha256
+    differs) or one that does not hold the listed number of int64 positions."""
     shards_dir, bos_dir = Path(shards_dir), Path(bos_dir)
-    entries = _read_json(shards_dir / "manifest.json", "tokenize")["shards"]
-    bos_of = {e["shard"]: e for e in _read_json(bos_dir / "manifest.json", "bos_index")["shards"]}
-    val = [e for e in entries if e["split"] == "val"]
-    train = [e for e in entries if e["split"] == "train"]
-    if len(val) != 1 or not train:
-        raise SpeedrunError(f"{shards_dir}/manifest.json must list one val shard and at least one train "
-                            f"shard, found {len(val)} and {len(train)}")
+    entries = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS, stage="tokenize")["shards"]
+    bos_of = {e["shard"]: e for e in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS, stage="bos_index")["shards"]}
+    check_splits(shards_dir, entries)
     arrays = []
-    for entry in val + train:
+    for entry in entries:
         tokens = load_shard(shards_dir / entry["file"])
-        index = bos_of.get(entry["file"])
-        shard = shards_dir / entry["file"]
         if len(tokens) != entry["tokens"]:
-            raise SpeedrunError(f"{shard}: {len(tokens)} tokens, its manifest says {entry['tokens']}: the shard "
-                                f"changed since the tokenize stage wrote it; rerun it")
-        if index is None:
-            raise SpeedrunError(f"{shard}: no BOS index in {bos_dir}/manifest.json; run the bos_index stage on "
-                                f"{shards_dir}")
-        if index["shard_sha256"] != entry["sha256"]:
-            raise SpeedrunError(f"{shard}: its BOS index in {bos_dir} is stale (made from a shard of sha256 "
-                                f"{index['shard_sha256'][:12]}..., this one is {entry['sha256'][:12]}...); rerun "
-                                f"the bos_index stage")
-        arrays.append((tokens, np.load(bos_dir / index["file"]).astype(np.int64)))
-    stream = [{"file": e["file"], "tokens": e["tokens"], "sha256": e["sha256"]} for e in train]
+            raise SpeedrunError(f"{shards_dir / entry['file']}: {len(tokens)} tokens, its manifest says "
+                                f"{entry['tokens']}: the shard changed since the tokenize stage wrote it; rerun it")
+        arrays.append((tokens, _bos_index(shards_dir, bos_dir, entry, bos_of)))
+    stream = [{"file": e["file"], "tokens": e["tokens"], "sha256": e["sha256"]} for e in entries[1:]]
     return TrainingData(val_tokens=arrays[0][0], val_bos=arrays[0][1],
                         train_shards=[a[0] for a in arrays[1:]], train_bos=[a[1] for a in arrays[1:]],
                         train_sha256=sha256_text(json.dumps(stream, sort_keys=True, separators=(",", ":"))),
-                        val_sha256=sha256_file(shards_dir / val[0]["file"]))
+                        val_sha256=sha256_file(shards_dir / entries[0]["file"]))
+
+
+def _bos_index(shards_dir: Path, bos_dir: Path, entry: dict[str, Any],
+               bos_of: dict[str, dict[str, Any]]) -> np.ndarray:
+    """The BOS positions (int64) of the shard of manifest entry ``entry``, checked against ``bos_of`` (the
+    BOS manifest's entries by shard file): present, made from this version of the shard, of the listed count."""
+    shard, index = shards_dir / entry["file"], bos_of.get(entry["file"])
+    if index is None:
+        raise SpeedrunError(f"{shard}: no BOS index in {bos_dir}/manifest.json; run the bos_index stage on "
+                            f"{shards_dir}")
+    if index["shard_sha256"] != entry["sha256"]:
+        raise SpeedrunError(f"{shard}: its BOS index in {bos_dir} is stale (made from a shard of sha256 "
+                            f"{index['shard_sha256'][:12]}..., this one is {entry['sha256'][:12]}...); rerun "
+                            f"the bos_index stage")
+    positions = np.load(bos_dir / index["file"])
+    if positions.dtype != np.int64 or positions.shape != (index["count"],):
+        raise SpeedrunError(f"{bos_dir / index['file']}: expected {index['count']} int64 positions, found shape "
+                            f"{positions.shape} of {positions.dtype}; rerun the bos_index stage")
+    return positions
 
 
 def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:

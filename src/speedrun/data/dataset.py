@@ -1,4 +1,4 @@
-"""A tokenized dataset on disk: the shard and BOS index directories, their manifests, and opening them.
+"""A tokenized dataset on disk: the shard and BOS index directories and their manifests.
 
 ``results/shards/{dataset}/`` holds the shards and ``manifest.json`` (written by ``speedrun tokenize``);
 ``results/bos_index/{dataset}/`` holds one ``<shard stem>.npy`` per shard and ``manifest.json`` (written
@@ -6,7 +6,8 @@ by ``speedrun bos-index``); docs/formats.md gives both layouts. Both directories
 built in a temporary directory beside the target, then renamed (:func:`atomic_directory`), so a
 directory under its final name is always complete. As writing replaces the whole directory, an output
 directory is first checked (:func:`check_output_directory`): it must lie apart from the inputs and be
-absent, empty, or a previous output of the same stage.
+absent, empty, or a previous output of the same stage. Training opens them with
+:func:`speedrun.train_data.load_training_data`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-import numpy as np
-
-from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
 
 MANIFEST = "manifest.json"
@@ -141,16 +139,17 @@ def atomic_directory(path: str | os.PathLike[str], *, kind: OutputKind,
 
 
 def read_manifest(directory: str | os.PathLike[str], list_key: str,
-                  entry_keys: Sequence[str] = ()) -> dict[str, Any]:
+                  entry_keys: Sequence[str] = (), stage: str | None = None) -> dict[str, Any]:
     """The ``manifest.json`` of ``directory``, checked to hold a list under ``list_key`` whose entries
     are objects holding every key of ``entry_keys``.
 
-    Raises :class:`SpeedrunError` naming the file when it is missing, not JSON, lacks the list, or an
+    Raises :class:`SpeedrunError` naming the file when it is missing (``stage``: the stage that writes it,
+    named in the message: ``not found (run the tokenize stage first)``), not JSON, lacks the list, or an
     entry is not an object or lacks a key (the entry's index and the key are named).
     """
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise SpeedrunError(f"{path}: manifest not found")
+        raise SpeedrunError(f"{path}: not found" + (f" (run the {stage} stage first)" if stage else ""))
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -188,54 +187,3 @@ def check_splits(directory: str | os.PathLike[str], shards: Sequence[dict[str, A
         if entry["split"] != "train":
             raise SpeedrunError(f"{path}: shard {entry['file']} has split {entry['split']!r}; expected 'train' "
                                 "after the validation shard")
-
-
-@dataclass(frozen=True)
-class TokenData:
-    """An opened dataset: the validation shard and the train shards with their BOS indices.
-
-    val_tokens: (N_0,) uint16 memory map of shard 0; val_bos: its sorted int64 BOS positions.
-    train_shards: the (N_i,) uint16 memory maps of shards 1.., train_bos: their BOS positions.
-    """
-
-    val_tokens: np.ndarray
-    val_bos: np.ndarray
-    train_shards: list[np.ndarray]
-    train_bos: list[np.ndarray]
-
-
-def open_dataset(shards_dir: str | os.PathLike[str], bos_dir: str | os.PathLike[str]) -> TokenData:
-    """Open the shards of ``shards_dir`` and the BOS indices of ``bos_dir`` (memory-mapped).
-
-    Every shard header is validated; the BOS manifest must name the same shards with the same sha256
-    as the shard manifest (a stale index is refused) and each index must hold its listed count.
-    Raises :class:`SpeedrunError` otherwise, or when the shards are not a validation shard then train shards
-    (:func:`check_splits`).
-    """
-    shards = read_manifest(shards_dir, "shards", SHARD_ENTRY_KEYS)["shards"]
-    indices = read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS)["shards"]
-    check_splits(shards_dir, shards)
-    by_shard = {entry["shard"]: entry for entry in indices}
-    tokens, bos = [], []
-    for shard in shards:
-        entry = by_shard.get(shard["file"])
-        if entry is None or entry["shard_sha256"] != shard["sha256"]:
-            raise SpeedrunError(
-                f"{Path(bos_dir) / MANIFEST}: no BOS index for {shard['file']} with sha256 "
-                f"{shard['sha256']}; the index is stale, rerun `speedrun bos-index`"
-            )
-        tokens.append(load_shard(Path(shards_dir) / shard["file"]))
-        if len(tokens[-1]) != shard["tokens"]:
-            raise SpeedrunError(
-                f"{Path(shards_dir) / shard['file']}: holds {len(tokens[-1])} tokens, the manifest "
-                f"says {shard['tokens']}; rerun `speedrun tokenize`"
-            )
-        positions = np.load(Path(bos_dir) / entry["file"], mmap_mode="r")
-        if positions.dtype != np.int64 or positions.shape != (entry["count"],):
-            raise SpeedrunError(
-                f"{Path(bos_dir) / entry['file']}: expected {entry['count']} int64 positions, found "
-                f"shape {positions.shape} of {positions.dtype}"
-            )
-        bos.append(positions)
-    return TokenData(val_tokens=tokens[0], val_bos=bos[0], train_shards=tokens[1:],
-                     train_bos=bos[1:])
