@@ -31,7 +31,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # The parent pid as early as this process can read it: a parent that ends between this line and the
 # PR_SET_PDEATHSIG request is seen by the pid changing (die_with_parent).
@@ -76,6 +76,19 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
+
+
+def run_until_stopped(command: str, body: Callable[[], None]) -> int:
+    """Run ``body`` within :func:`stop_on_signals`: 0 when it returns, or, when SIGTERM or SIGINT stopped it,
+    the stop's :attr:`RunStopped.exit_status` (143, 130) after one line on stderr, ``speedrun <command>:
+    terminated by SIGTERM``. Any other exception propagates."""
+    with stop_on_signals():
+        try:
+            body()
+        except RunStopped as e:
+            print(f"speedrun {command}: {e}", file=sys.stderr)
+            return e.exit_status
+    return 0
 
 
 @contextlib.contextmanager

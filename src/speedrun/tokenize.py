@@ -54,7 +54,7 @@ from speedrun.data.shards import (
     write_shard,
 )
 from speedrun.errors import SpeedrunError
-from speedrun.stopping import RunStopped, stop_on_signals
+from speedrun.stopping import run_until_stopped
 
 TOKENIZER = "gpt2 (tiktoken, encode_ordinary, BOS 50256)"
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -315,13 +315,7 @@ def main(args: argparse.Namespace) -> int:
     when SIGINT or SIGTERM stopped it, with one line on stderr and nothing half written left (module
     docstring). Raises :class:`SpeedrunError` (``speedrun tokenize: error: ...``, status 2) for a bad argument
     or input."""
-    with stop_on_signals():
-        try:
-            _run(args)
-        except RunStopped as e:
-            print(f"speedrun tokenize: {e}", file=sys.stderr)
-            return e.exit_status
-    return 0
+    return run_until_stopped("tokenize", lambda: _run(args))
 
 
 def _check_options(args: argparse.Namespace) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, MutableMapping
 
-from speedrun.stopping import RunStopped, die_with_parent, stop_on_signals  # first: before torch's import
+from speedrun.stopping import RunStopped, die_with_parent, run_until_stopped  # first: before torch's import
 
 import numpy as np
 import torch
@@ -498,16 +498,15 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.seed <= MAX_SEED:
         raise SpeedrunError(f"--seed must be from 0 to {MAX_SEED} (2**64 - 1, torch.manual_seed's range), "
                             f"got {args.seed}")
-    with stop_on_signals():
-        try:
-            with die_with_parent() as unprotected:
-                if unprotected:
-                    print(f"speedrun train: note: {unprotected}", file=sys.stderr)
-                _train(args)
-        except RunStopped as e:
-            print(f"speedrun train: {e}", file=sys.stderr)
-            return e.exit_status
-    return 0
+    return run_until_stopped("train", lambda: _train_with_launcher(args))
+
+
+def _train_with_launcher(args: argparse.Namespace) -> None:
+    """:func:`_train`, stopped when the launcher ends (:func:`speedrun.stopping.die_with_parent`)."""
+    with die_with_parent() as unprotected:
+        if unprotected:
+            print(f"speedrun train: note: {unprotected}", file=sys.stderr)
+        _train(args)
 
 
 def _train(args: argparse.Namespace) -> None:
