@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from speedrun.atomic import atomic_open, write_json, write_text
+from speedrun.atomic import atomic_open, printable, write_json, write_text
 
 
 def test_regular_file_is_replaced_atomically(tmp_path):
@@ -141,3 +141,30 @@ def test_other_errors_pass_unchanged(tmp_path):
     with pytest.raises(ValueError, match="mode must be"):
         with atomic_open(tmp_path / "x.txt", "a"):
             pass
+
+
+def test_a_name_that_is_not_utf8_is_written_with_backslash_escapes(tmp_path):
+    """A file name read from a non-UTF-8 folder entry holds lone surrogates (os.fsdecode(b"caf\\xe9") ==
+    "caf\\udce9"): text carrying it is written with the byte escaped, "caf\\xe9", not refused by the UTF-8 codec."""
+    name = os.fsdecode(b"caf\xe9.txt")
+    out = tmp_path / "a" / "statistics.md"
+    write_text(out, f"| {name} | 3.2785 |\n| \ud800 |\n")
+    assert out.read_bytes() == b"| caf\\xe9.txt | 3.2785 |\n| \\ud800 |\n"
+    write_json(tmp_path / "s.json", {"file": name})              # JSON escapes it itself, and reads it back
+    assert json.loads((tmp_path / "s.json").read_text()) == {"file": name}
+    assert printable(f"{name} ok é") == "caf\\xe9.txt ok é"
+
+
+def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
+    """The folders made for a write that fails are removed again; a folder that existed before stays, and so
+    does a folder made meanwhile by another writer that put a file in it."""
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ZeroDivisionError):
+        with atomic_open(tmp_path / "kept" / "new" / "deeper" / "x.md") as f:
+            f.write(str(1 / 0))
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
+    with pytest.raises(ZeroDivisionError):
+        with atomic_open(tmp_path / "kept" / "new" / "x.md") as f:
+            (tmp_path / "kept" / "new" / "other.md").write_text("another writer's\n")
+            f.write(str(1 / 0))
+    assert sorted(p.name for p in (tmp_path / "kept" / "new").iterdir()) == ["other.md"]

@@ -119,3 +119,31 @@ def test_stdout_reader_gone_tells_a_closed_pipe_from_an_open_one(monkeypatch, re
     if reader_open:
         os.close(read_end)
     assert gone is (not reader_open)
+
+
+def test_top_level_help_is_plain_text(capsys):
+    """`speedrun --help` prints the module docstring's first line without its reStructuredText markup."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "The speedrun command: one subcommand per pipeline stage." in out.splitlines()
+    assert "``" not in out
+
+
+def test_parse_and_stats_say_the_same_of_a_compressed_or_utf16_log(runs, tmp_path, capsys):
+    """`speedrun parse x.txt.gz` says what `speedrun stats` says of it: gzip-compressed, decompress it; a UTF-16
+    log (PowerShell's `>`, byte-order mark FF FE) is named as such, with how to convert it."""
+    import gzip
+
+    text = (runs / "seed0.txt").read_bytes()
+    gz, utf16 = tmp_path / "old.txt.gz", tmp_path / "ps.txt"
+    gz.write_bytes(gzip.compress(text))
+    utf16.write_bytes(b"\xff\xfe" + text.decode().encode("utf-16-le"))
+    for path, reason in ((gz, "gzip-compressed: decompress it to read it as a log"),
+                         (utf16, "UTF-16 text (byte-order mark FF FE, as Windows PowerShell's '>' writes): convert "
+                                 "it to UTF-8 to read it as a log (iconv -f UTF-16 -t UTF-8 LOG > NEW, or in "
+                                 "PowerShell Get-Content LOG | Set-Content -Encoding utf8 NEW)")):
+        assert cli.main(["parse", str(path)]) == 2
+        assert _one_line(capsys) == f"speedrun parse: error: {path}: {reason}"
+        assert cli.main(["stats", str(path)]) == 2
+        assert _one_line(capsys) == f"speedrun stats: error: {path}: {reason}"

@@ -231,6 +231,98 @@ def test_llmc_format(tmp_path):
     assert parse_log(tmp_path / "cut.log").metrics["total_steps"].isna().all()
 
 
+def llmc_lines(last_step, val_every):
+    """An llm.c log as llm.c writes it (module docstring of speedrun.analysis.logs): a val line at step 0, every
+    ``val_every`` steps and at ``last_step``, train lines 0 .. last_step - 1; losses 10 - step / 100."""
+    lines = []
+    for s in range(last_step + 1):
+        if s % val_every == 0 or s == last_step:
+            lines.append(f"s:{s} tel:{10 - s / 100:.4f}")
+        if s < last_step:
+            lines.append(f"s:{s} trl:{10 - s / 100 + 0.05:.4f}")
+    return lines
+
+
+def test_llmc_run_cut_after_a_periodic_validation_is_truncated(tmp_path):
+    """A run cut right after a validation at a multiple of the interval ends as a finished run does (a tel one
+    step after the last trl): it is truncated, with the step and the interval named; a finished run's final
+    tel (step 7, interval 3) is off the interval."""
+    finished = llmc_lines(7, 3)                      # tel at 0, 3, 6, 7
+    r = read_record(write(tmp_path / "done.log", "\n".join(finished) + "\n"))
+    assert (r.status, r.steps, r.last_step, r.val_loss, r.reason) == ("complete", 7, 7, 9.93, None)
+    cut = finished[:finished.index("s:6 tel:9.9400") + 1]
+    assert cut[-2].startswith("s:5 trl:")            # one step after the last trl, as the final tel
+    r = read_record(write(tmp_path / "cut.log", "\n".join(cut) + "\n"))
+    assert (r.status, r.steps, r.last_step, r.val_loss) == ("truncated", None, 6, None)
+    assert r.reason == ("log ends at step 6 with a val line at a multiple of the validation interval 3, as periodic "
+                        "validations are: the run may have been cut there; expected the final 's:N tel:' line off "
+                        "that interval, at N = the last 'trl' step + 1 (llm.c logs state no total step count)")
+    assert parse_log(tmp_path / "cut.log").metrics["total_steps"].isna().all()
+    only_first = llmc_lines(5, 10)                   # tel at 0 and 5: the interval is unknown
+    r = read_record(write(tmp_path / "short.log", "\n".join(only_first) + "\n"))
+    assert (r.status, r.last_step) == ("truncated", 5) and "validation interval is unknown" in r.reason
+
+
+@needs_reference
+@pytest.mark.parametrize("rel, cut_at, interval", [
+    ("2024-10-13_llmc/main.log", 19500, 250),
+    ("2024-06-06_AdamW/f66d43d7-e449-4029-8adf-e8537bab49ea.log", 9472, 128),
+])
+def test_llmc_reference_log_cut_after_a_periodic_validation(tmp_path, rel, cut_at, interval):
+    """`head -n K` of the two public llm.c logs, K the line of a periodic `tel` (19579 for main.log): not
+    complete, although its last line is a tel one step after the last trl, as in the full log."""
+    lines = (REFERENCE / rel).read_text().splitlines()
+    k = lines.index(next(line for line in lines if line.startswith(f"s:{cut_at} tel:"))) + 1
+    assert lines[k - 2].startswith(f"s:{cut_at - 1} trl:")
+    r = read_record(write(tmp_path / "still_running.log", "\n".join(lines[:k]) + "\n"))
+    assert (r.status, r.steps, r.last_step, r.val_loss) == ("truncated", None, cut_at, None)
+    assert r.reason.startswith(f"log ends at step {cut_at} with a val line at a multiple of the validation "
+                               f"interval {interval}, as periodic validations are: the run may have been cut there")
+
+
+def test_crlf_copy_has_the_code_hash_of_the_original(tmp_path):
+    """A log saved with Windows line endings is the same code version: code_hash is the sha256 of the code dump
+    with LF line endings; the file itself (content_hash) differs."""
+    text = modded_log()
+    lf = read_record(write(tmp_path / "lf.txt", text))
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(text.replace("\n", "\r\n").encode())
+    r = read_record(crlf)
+    assert r.code_hash == lf.code_hash == hashlib.sha256(text[:text.index(SEP)].encode()).hexdigest()
+    assert r.content_hash != lf.content_hash and r.curve_hash == lf.curve_hash
+
+
+def test_utf16_log_is_named_and_a_utf8_bom_is_read(tmp_path):
+    """PowerShell's `>` writes UTF-16 with the byte-order mark FF FE: the message says so and how to convert;
+    a UTF-8 byte-order mark (PowerShell's `Out-File -Encoding utf8`) is read past."""
+    text, _ = our_log()
+    utf16 = tmp_path / "ps.txt"
+    utf16.write_bytes(text.encode("utf-16"))          # BOM FF FE on little-endian machines
+    assert utf16.read_bytes()[:2] == b"\xff\xfe"
+    with pytest.raises(SpeedrunError) as info:
+        parse_log(utf16)
+    assert str(info.value).startswith(f"{utf16}: UTF-16 text (byte-order mark FF FE, as Windows PowerShell's '>' "
+                                      "writes): convert it to UTF-8")
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    plain = read_record(write(tmp_path / "plain.txt", text))
+    r = read_record(bom)
+    assert (r.format, r.status, r.val_loss, r.seed, r.code_hash) == \
+           ("speedrun", "complete", plain.val_loss, 0, plain.code_hash)
+    assert r.val_loss == 8.8
+
+
+def test_parse_of_a_compressed_log_says_so(tmp_path):
+    import gzip
+
+    text, _ = our_log()
+    gz = tmp_path / "seed0.txt.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(SpeedrunError) as info:
+        parse_log(gz)
+    assert str(info.value) == f"{gz}: gzip-compressed: decompress it to read it as a log"
+
+
 def test_not_a_log(tmp_path):
     readme = write(tmp_path / "README.md", f"# Record\n\n{SEP}\nsome text\n")
     csv = write(tmp_path / "seed0.csv", "step,total_steps,kind\n0,4,val\n")

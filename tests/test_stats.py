@@ -3,8 +3,10 @@
 import gzip
 import json
 import math
+import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,7 +157,7 @@ def test_split_by_gpu_count_and_file_arguments_group_by_parent(tmp_path):
     groups = collect_runs([str(d)])
     assert [g.name for g in groups] == [f"{d} [CPU]", f"{d} [1 GPU]"]
     assert [len(g.runs) for g in groups] == [2, 1]
-    assert "GPU counts differ (2 runs on 0, 1 runs on 1)" in groups[0].split_reason
+    assert "GPU counts differ (2 runs on 0, 1 run on 1)" in groups[0].split_reason
     assert groups[0].slug == "mixed_CPU"
     files = collect_runs([str(d / "seed0.txt"), str(d / "seed1.txt")])
     assert [g.name for g in files] == [str(d)] and len(files[0].runs) == 2
@@ -170,7 +172,7 @@ def test_unknown_step_counts_join_the_only_known_one(tmp_path):
     write(tmp_path / "d" / "seed5.txt", text)
     groups = collect_runs([str(tmp_path / "d")])
     assert [g.name.rsplit(" ", 2)[-2:] for g in groups] == [["[4", "steps]"], ["[6", "steps]"], ["[steps", "unknown]"]]
-    assert "1 runs of 4, 1 runs of 6, 1 runs of unknown" in groups[0].split_reason
+    assert "1 run of 4, 1 run of 6, 1 run of unknown" in groups[0].split_reason
 
 
 def test_same_directory_twice_and_slug_collisions(tmp_path):
@@ -295,10 +297,8 @@ def test_summary_json_gives_each_skipped_file_its_reason(tmp_path, capsys):
     assert cli.main(["stats", str(base), "--target", "7", "--json-out", str(out)]) == 0
     printed = capsys.readouterr().out
     [s] = json.loads(out.read_text())
-    not_a_log = ("not a training log (no 'speedrun:' header, no step:/s: lines, no line of 100 '=' followed by step: "
-                 "or 'Running Python' lines)")
     assert s["skipped_files"] == [str(base / "README.md"), str(base / "killed.txt"), str(base / "old.txt.gz")]
-    assert s["skip_reasons"] == {str(base / "README.md"): not_a_log,
+    assert s["skip_reasons"] == {str(base / "README.md"): "not a training log or parsed-run .json: a .md file",
                                  str(base / "killed.txt"): "empty file (a run killed before it wrote anything?)",
                                  str(base / "old.txt.gz"): "gzip-compressed: decompress it to read it as a log"}
     for file in ("killed.txt", "old.txt.gz"):
@@ -387,7 +387,7 @@ def test_code_versions_are_pooled_and_shown_or_split_on_request(tmp_path, capsys
     split = collect_runs([str(d)], code_split="split")
     assert [len(g.runs) for g in split] == [2, 1]
     reason = split[0].split_reason
-    assert "code versions differ (" in reason and "2 runs of code" in reason and "1 runs of code" in reason
+    assert "code versions differ (" in reason and "2 runs of code" in reason and "1 run of code" in reason
     hashes = [g.runs[0].code_hash[:8] for g in split]
     assert [g.name for g in split] == [f"{d} [code {h}]" for h in hashes]
     assert cli.main(["stats", str(d), "--target", "7", "--split-code"]) == 0
@@ -531,6 +531,8 @@ def test_stats_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
     assert cli.main(["stats", str(tmp_path / "g"), "--target", target]) == 2
     err = capsys.readouterr().err
     assert f"--target {float(target)}: expected a val_loss above 0" in err
+    finite = f"; it must be finite, and {float(target)} is not"     # inf and nan are above 0 or not comparable
+    assert err.rstrip("\n").endswith(finite) == (target in ("inf", "nan"))
 
 
 def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys, monkeypatch):
@@ -558,3 +560,107 @@ def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys,
         stats_stage.compute_stats(["baseline"], only=only)
     with pytest.raises(SpeedrunError, match="--only baseline/seed5.txt: no such file"):
         stats_stage.compute_stats(["baseline"], only=["baseline/seed5.txt"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Skipped files, file names, grouping of files named one by one.
+
+def test_a_corrupt_parsed_run_json_is_named_on_the_console(tmp_path, capsys):
+    """A parsed-run .json cut short lowers n: the console says which file and why (not only summary.json); the
+    metrics CSVs beside the JSONs are skipped quietly, with a reason that says what they are."""
+    from speedrun.parse import parse_to_files
+
+    logs = make_runs(tmp_path / "train", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    parse = tmp_path / "parse"
+    for log in logs:
+        parse_to_files(str(log), str(parse / f"{log.stem}.csv"), str(parse / f"{log.stem}.json"))
+    corrupt = parse / "seed1.json"
+    corrupt.write_bytes(corrupt.read_bytes()[:100])
+    with pytest.raises(json.JSONDecodeError) as info:
+        json.loads(corrupt.read_bytes())
+    assert cli.main(["stats", str(parse), "--target", "7"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^{re.escape(str(parse))}\s+2\s", out, re.M)       # n = 2 of 3
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [f"skipped: {corrupt}: not valid JSON ({info.value})"]
+    [g] = collect_runs([str(parse)])
+    csv_reason = "not a training log or parsed-run .json: a .csv file; stats reads the parsed run's .json beside it"
+    assert dict(zip(g.skipped, g.skip_reasons)) == {str(parse / f"seed{i}.csv"): csv_reason for i in range(3)} | {
+        str(corrupt): f"not valid JSON ({info.value})"}
+
+
+def test_a_file_named_explicitly_that_is_no_run_is_said_once(tmp_path):
+    """The error names the file and says what it is, once (not "not a training log or parsed-run .json (not a
+    training log (...))")."""
+    notes, text = write(tmp_path / "notes.md", "hello\n"), write(tmp_path / "notes.txt", "hello\n")
+    with pytest.raises(SpeedrunError) as info:
+        collect_runs([str(notes)])
+    assert str(info.value) == f"{notes}: not a training log or parsed-run .json: a .md file"
+    with pytest.raises(SpeedrunError) as info:
+        collect_runs([str(text)])
+    assert str(info.value) == (f"{text}: not a training log (no 'speedrun:' header, no step:/s: lines, no line of "
+                               "100 '=' followed by step: or 'Running Python' lines)")
+    ps = tmp_path / "ps.txt"
+    ps.write_bytes(b"\xff\xfe" + our_log()[0].encode("utf-16-le"))     # what PowerShell's `>` writes
+    with pytest.raises(SpeedrunError, match=re.escape(f"{ps}: UTF-16 text (byte-order mark FF FE")):
+        collect_runs([str(ps)])
+
+
+def test_a_file_name_that_is_not_utf8_is_written_escaped(tmp_path, capsys):
+    """`caf\\xe9.txt` (a Latin-1 name, held by Python as the lone surrogate \\udce9): statistics.md and the
+    console name it with a backslash escape, instead of failing halfway with an empty folder left behind."""
+    base = tmp_path / "runs"
+    make_runs(base, [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    name = os.fsdecode(b"caf\xe9.txt")
+    assert name == "caf\udce9.txt"
+    try:
+        os.rename(base / "seed0.txt", base / name)
+    except (OSError, UnicodeEncodeError) as e:
+        pytest.skip(f"this file system refuses a non-UTF-8 name: {e}")
+    shutil.copy(base / name, base / os.fsdecode(b"z\xe9.txt"))          # a duplicate: named in a note
+    out = tmp_path / "md"
+    assert cli.main(["stats", str(base), "--target", "7", "--markdown-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"counted once: {base}/z\\xe9.txt = {base}/caf\\xe9.txt" in printed
+    md = (out / "runs" / "statistics.md").read_bytes().decode("utf-8")
+    assert "| caf\\xe9 | 6.9000 | 400ms |" in md.splitlines()
+    assert "\udce9" not in md
+
+
+def test_files_named_one_by_one_are_grouped_by_their_folder_as_the_help_says(tmp_path, capsys):
+    """`speedrun stats DIR/*.txt` is the group DIR, as `speedrun stats DIR`: files of one folder form one group,
+    files of two folders two groups; the help text and docs/formats.md say so."""
+    make_runs(tmp_path / "a", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    make_runs(tmp_path / "b", [(0, "complete", "cpu", 6.8, 100.0)])
+    files = sorted(map(str, (tmp_path / "a").glob("*.txt"))) + [str(tmp_path / "b" / "seed0.txt")]
+    groups = collect_runs(files)
+    assert [(g.name, len(g.runs)) for g in groups] == [(str(tmp_path / "a"), 3), (str(tmp_path / "b"), 1)]
+    a, b = stats_stage.compute_stats(files, 7.0)
+    assert (a.val_loss.n, b.val_loss.n) == (3, 1)
+    assert "3 complete runs, step 4/4." in statistics_markdown(a).splitlines()
+    assert "1 complete run, step 4/4." in statistics_markdown(b).splitlines()      # not "1 complete runs"
+    parser, subparsers = cli.build_parser()
+    stats_stage.add_arguments(subparsers["stats"])
+    help_text = " ".join(subparsers["stats"].format_help().split())
+    assert "each directory is one group, and files named one by one are grouped by their folder" in help_text
+    assert "(one group each)" not in help_text
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text().split())
+    assert "are grouped by their folder: `speedrun stats DIR/*.txt` is the group `DIR`" in doc
+    assert "each path given to `speedrun stats` (a log, a parsed-run `.json`, or a directory of them) is a group" \
+        not in doc
+
+
+@needs_reference
+def test_a_crlf_copy_of_a_public_log_keeps_its_code_version(tmp_path):
+    """2025-12-14_PartialKeyOffset with one log saved with Windows line endings: still the published 2 code
+    versions (10 + 1), not 3, and the same figures."""
+    source = REFERENCE / "2025-12-14_PartialKeyOffset"
+    shutil.copytree(source, tmp_path / "pko")
+    first = sorted((tmp_path / "pko").glob("*.txt"))[0]
+    first.write_bytes(first.read_bytes().replace(b"\n", b"\r\n"))
+    [original] = stats_stage.compute_stats([str(source)])
+    [crlf] = stats_stage.compute_stats([str(tmp_path / "pko")])
+    assert crlf.group.code_versions == original.group.code_versions and len(original.group.code_versions) == 2
+    assert sorted(original.group.code_versions.values()) == [1, 10]
+    assert (crlf.val_loss.n, crlf.val_loss.mean, crlf.test.p_value) == \
+           (original.val_loss.n, original.val_loss.mean, original.test.p_value)

@@ -15,11 +15,19 @@ Two kinds of path are not replaced by a new regular file:
 
 An existing folder is refused (:class:`IsADirectoryError`). OS errors of the temporary file, the rename or a
 write without a file name (a full disk) are raised naming the final path, so that ``speedrun`` can print them
-as one line.
+as one line. Parent folders are made as needed; those made for a write that fails are removed again (when
+still empty), so a failed write leaves no empty folder behind.
+
+Text is written as UTF-8 with the error handler :data:`ESCAPE_ERRORS`: a file name that is not valid UTF-8
+(Python holds its bytes as lone surrogates, ``os.fsdecode``: ``caf\\udce9.txt`` for ``caf\\xe9.txt``) is
+written with backslash escapes of its bytes (``caf\\xe9.txt``), as ``ls -b`` and Python's bytes repr show it,
+instead of failing with ``UnicodeEncodeError: surrogates not allowed`` (:func:`printable` does the same for
+console output).
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import json
@@ -28,6 +36,34 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+
+ESCAPE_ERRORS = "speedrun.backslashescape"
+
+
+def _backslash_escape(error: UnicodeError) -> tuple[str, int]:
+    """Codec error handler :data:`ESCAPE_ERRORS`: each character that cannot be encoded as a backslash escape;
+    a lone surrogate U+DC80..U+DCFF (an undecodable byte kept by ``surrogateescape``, as in ``os.fsdecode``) as
+    that byte, ``\\xe9``; any other as ``\\uXXXX``. Only for encoding.
+
+    Raises:
+        UnicodeError: ``error`` itself, for a decoding or translating error.
+    """
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    bad = error.object[error.start:error.end]
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"\\u{ord(c):04x}"
+                   for c in bad), error.end
+
+
+codecs.register_error(ESCAPE_ERRORS, _backslash_escape)
+
+
+def printable(text: str) -> str:
+    """``text`` with the characters that UTF-8 cannot encode (lone surrogates: file names that are not UTF-8)
+    as backslash escapes (:data:`ESCAPE_ERRORS`), so that it can be written as UTF-8, or printed where stdout's
+    errors handler is ``strict`` (a UTF-8 locale other than C.UTF-8)."""
+    return text.encode("utf-8", ESCAPE_ERRORS).decode("utf-8")
 
 
 def _umask() -> int:
@@ -67,8 +103,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
     The caller writes the temporary path by any means (numpy, pyarrow, matplotlib...). On an
     exception the temporary file is removed and the exception propagates; ``path`` is untouched.
-    Parent folders are created. A symbolic link is written through to its target; an existing path that is
-    not a regular file (device, FIFO) is yielded itself and written directly (module docstring).
+    Parent folders are created, and removed again (when empty) if the block fails. A symbolic link is written
+    through to its target; an existing path that is not a regular file (device, FIFO) is yielded itself and
+    written directly (module docstring).
 
     Raises:
         IsADirectoryError: ``path`` is a folder.
@@ -78,10 +115,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     if direct:
         yield final
         return
+    made = [p for p in (final.parent, *final.parent.parents) if not p.exists()][::-1]  # outermost first
     final.parent.mkdir(parents=True, exist_ok=True)     # an error names the folder it could not make
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{final.name}.", dir=final.parent)
     except OSError as e:                                   # names the temporary file: name the output
+        _remove_empty(made)
         raise _named(e, final) from e
     os.close(fd)
     tmp = Path(tmp_name)
@@ -94,16 +133,28 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             raise _named(e, final) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
+        _remove_empty(made)
         raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (outermost first, as made), innermost first, while they are empty: the folders made
+    for a write that failed. A folder that another writer has filled meanwhile stays, and so do its parents."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -> Iterator[Any]:
     """Open a temporary file beside ``path`` for writing; rename it to ``path`` when closed cleanly.
 
-    ``mode`` is ``"w"`` (text, UTF-8 unless ``encoding`` is given) or ``"wb"``. The data is flushed
-    and fsynced before the rename. A symbolic link is written through to its target, a device or FIFO
-    directly, without fsync (module docstring).
+    ``mode`` is ``"w"`` (text, UTF-8 unless ``encoding`` is given, unencodable characters such as the lone
+    surrogates of a non-UTF-8 file name as backslash escapes unless ``errors`` is given: module docstring) or
+    ``"wb"``. The data is flushed and fsynced before the rename. A symbolic link is written through to its
+    target, a device or FIFO directly, without fsync (module docstring).
 
     Raises:
         ValueError: another ``mode``.
@@ -113,6 +164,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) ->
         raise ValueError(f"atomic_open mode must be 'w' or 'wb', got {mode!r}")
     if mode == "w":
         kwargs.setdefault("encoding", "utf-8")
+        kwargs.setdefault("errors", ESCAPE_ERRORS)
     with atomic_path(path) as tmp:
         try:
             with open(tmp, mode, **kwargs) as f:
@@ -134,6 +186,6 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8), atomically (:func:`atomic_open`)."""
+    """Write ``text`` (UTF-8; a non-UTF-8 file name in it as backslash escapes), atomically (:func:`atomic_open`)."""
     with atomic_open(path) as f:
         f.write(text)

@@ -36,10 +36,12 @@ STAGES: dict[str, tuple[str, str]] = {
     "report": ("speedrun.report", "plots and tables of an experiment for results/report/"),
 }
 ALIASES = {"bos_index": "bos-index"}
+# The first line of the module docstring, without its reStructuredText markup (``speedrun``): `--help` is plain text.
+DESCRIPTION = __doc__.splitlines()[0].replace("``", "")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="speedrun", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="speedrun", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"speedrun {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     subparsers = {}

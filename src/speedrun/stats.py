@@ -3,7 +3,8 @@
 ``speedrun stats PATH... [--target 3.28] [--alpha 0.01] [--split-code] [--only FILE...] [--json]
 [--json-out FILE] [--markdown-dir DIR]``
 
-Each PATH is a training log, a parsed-run ``.json`` or a directory of them (grouping:
+Each PATH is a training log, a parsed-run ``.json`` or a directory of them; a directory is one group, and files
+named one by one are grouped by their folder (``DIR/*.txt`` is the group ``DIR``; grouping:
 :mod:`speedrun.analysis.groups`; ``--split-code`` also splits by code version; ``--only`` reads just the files
 listed). Only complete, non-duplicate runs are counted in ``n``; incomplete runs (diverged, failed, truncated)
 and duplicates are listed. The test is the record rule (modded-nanogpt README L207-220): one-sided
@@ -26,7 +27,7 @@ from speedrun.analysis.groups import CodeSplit, Group, check_only, collect_runs
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.power import MIN_RUNS, PowerEstimate, p_value_curve, power_estimate
 from speedrun.analysis.tests import OneSampleTest, Summary, ZRule, one_sample_less, summarize, z_rule
-from speedrun.atomic import write_json, write_text
+from speedrun.atomic import printable, write_json, write_text
 from speedrun.errors import SpeedrunError
 
 DEFAULT_TARGET = 3.28
@@ -165,11 +166,12 @@ def check_target(target: float) -> None:
     (``--target`` of ``speedrun stats`` and ``compare``).
 
     Raises:
-        SpeedrunError: naming the value.
+        SpeedrunError: naming the value; for inf and NaN, that the target must be finite.
     """
     if not 0 < target < math.inf:
+        finite = "" if math.isfinite(target) else f"; it must be finite, and {target} is not"
         raise SpeedrunError(f"--target {target}: expected a val_loss above 0 (cross-entropy in nats per "
-                            f"token, e.g. {DEFAULT_TARGET})")
+                            f"token, e.g. {DEFAULT_TARGET}){finite}")
 
 
 def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
@@ -186,7 +188,9 @@ def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="training logs, parsed-run .json files, or directories of them (one group each)")
+                        help="training logs, parsed-run .json files, or directories of them: each directory is "
+                             "one group, and files named one by one are grouped by their folder (DIR/*.txt is "
+                             "the group DIR)")
     parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
                         help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
@@ -216,5 +220,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         from speedrun.analysis.tables import stats_table
 
-        print(stats_table(results))
+        print(printable(stats_table(results)))  # file names that are not UTF-8 as backslash escapes
     return 0

@@ -4,9 +4,11 @@ A path given to ``speedrun stats``/``compare`` is a training log, a parsed-run `
 ``speedrun parse``; read instead of re-parsing the log), or a directory of either. A directory contributes its
 own files only (not its subdirectories); files are recognised by content, not by extension (some public logs
 have none, and a directory also holds README.md or statistics.md). Files named on the command line are grouped
-by their parent directory. ``only`` (``--only FILE...``) restricts the files read to those listed: a directory
-keeps its name but contributes only its listed files (the workflow passes the configured seeds, so that the
-parsed run of a seed removed from the config, still in ``results/parse/<variant>/``, is not counted).
+by their parent directory, so ``speedrun stats DIR/a.txt DIR/b.txt`` (a shell glob ``DIR/*.txt``) is the one
+group ``DIR`` and files of two folders are two groups, as the folders themselves would be. ``only`` (``--only
+FILE...``) restricts the files read to those listed: a directory keeps its name but contributes only its listed
+files (the workflow passes the configured seeds, so that the parsed run of a seed removed from the config, still
+in ``results/parse/<variant>/``, is not counted).
 
 A public record directory can mix runs that must not be pooled (speedrun-spec.md 4.3): different total step
 counts (2026-01-26-UntieValueEmbeddings: 1600 and 1575 steps) or GPU counts (single-GPU logs next to 8-GPU ones).
@@ -38,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
-from speedrun.analysis.logs import RunRecord, record_from_bytes, sniff_format
+from speedrun.analysis.logs import NOT_A_LOG, RunRecord, not_a_log_reason, record_from_bytes, sniff_format
 from speedrun.errors import SpeedrunError
 
 CodeSplit = Literal["pool", "split"]
@@ -168,29 +170,32 @@ def _load(path: str | Path) -> tuple[RunRecord | None, str]:
         run = _json_run(data, path)
     else:
         run = None if sniff_format(data) is None else record_from_bytes(data, path)
-    return (run, "") if run is not None else (None, skip_reason(data))
+    return (run, "") if run is not None else (None, skip_reason(data, path))
 
 
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
-               b"PK\x03\x04": "zip"}
+_LOG_SUFFIXES = ("", ".txt", ".log")  # the names training logs have (one public log has no suffix)
 
 
-def skip_reason(data: bytes) -> str:
-    """Why a file's content ``data`` is not a run (for a file that :func:`load_run` skips): empty, compressed,
-    JSON that is not a parsed-run record, or text that is no training log of a known format."""
-    if not data.strip():
-        return "empty file (a run killed before it wrote anything?)"
-    kind = next((k for magic, k in _COMPRESSED.items() if data.startswith(magic)), None)
-    if kind:
-        return f"{kind}-compressed: decompress it to read it as a log"
-    if data.lstrip()[:1] in (b"{", b"["):
+def skip_reason(data: bytes, path: str | os.PathLike[str] | None = None) -> str:
+    """Why a file's content ``data`` is not a run (for a file that :func:`load_run` skips), in one phrase that
+    names what the file is: empty, compressed or UTF-16 (:func:`~speedrun.analysis.logs.not_a_log_reason`),
+    JSON that is not valid or not a parsed-run record (content starting with ``{``/``[``, or a ``.json``
+    name), a file of another kind (``path`` has a suffix other than ``.txt``, ``.log``, ``.json`` or none: a
+    ``.csv`` beside a parsed run, README.md), or text that is no training log of a known format."""
+    reason = not_a_log_reason(data)
+    if reason != NOT_A_LOG:
+        return reason
+    suffix = Path(path).suffix.lower() if path is not None else ""
+    if suffix == ".json" or data.lstrip()[:1] in (b"{", b"["):
         try:
             json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return f"not valid JSON ({e})"
         return "JSON, but not a parsed-run record (no 'format' and 'status' keys)"
-    return ("not a training log (no 'speedrun:' header, no step:/s: lines, no line of 100 '=' followed by step: or "
-            "'Running Python' lines)")
+    if path is not None and suffix not in _LOG_SUFFIXES:
+        csv = "; stats reads the parsed run's .json beside it" if suffix == ".csv" else ""
+        return f"not a training log or parsed-run .json: a {suffix} file{csv}"
+    return reason
 
 
 def _json_run(data: bytes, path: str | Path) -> RunRecord | None:
@@ -250,7 +255,7 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
             seen.add(os.path.abspath(file))
             run, reason = _load(file)
             if run is None and explicit:
-                raise SpeedrunError(f"{file}: not a training log or parsed-run .json ({reason})")
+                raise SpeedrunError(f"{file}: {reason}")
             if run is None:
                 skipped.setdefault(group_path, []).append((file, reason))
             else:
@@ -349,7 +354,7 @@ def _split_reason(path: str, runs: list[RunRecord], split: tuple[bool, bool, boo
                                  (split[2], "code versions", "code_hash", "of code")):
         if on:
             counts = Counter("unknown" if getattr(r, attr) is None else str(getattr(r, attr))[:8] for r in runs)
-            listed = ", ".join(f"{k} runs {unit} {v}" for v, k in sorted(counts.items()))
+            listed = ", ".join(f"{k} run{'s' * (k != 1)} {unit} {v}" for v, k in sorted(counts.items()))
             parts.append(f"{what} differ ({listed})")
     return f"{path}: " + "; ".join(parts) if parts else None
 

@@ -20,10 +20,22 @@ The official result of a run is the ``val_loss`` and ``train_time`` of its ``ste
 (modded-nanogpt README, record rules). In the logs before 2025-02-01 the first 10 steps are untimed
 (``step_avg:nanms``, the timer restarts at step 11); the final line's ``train_time`` is still the result.
 
-llm.c logs carry no total step count. llm.c validates at step 0, every ``val_loss_every`` steps and at the
-last step, then stops; train lines are numbered from 0. So a run is complete when its last metrics line is a
-``tel`` at step ``k + 1`` where ``k`` is the last ``trl`` step, and then ``N = k + 1``. A run cut exactly
-after a periodic validation looks the same; the format cannot tell them apart.
+llm.c logs carry no total step count (no header, no config lines; the ``lr`` column of 2024-10-13_llmc prints
+0.000000 from step 19214, 346 steps before the end, and 2024-06-06_AdamW has none, so it does not mark the last
+step either). llm.c (``train_gpt2.cu``) validates at step 0, every ``val_loss_every`` steps and at the last
+step N, then stops; train lines are numbered from 0. So the final line of a finished run is a ``tel`` at step
+``k + 1`` where ``k`` is the last ``trl`` step, and so is the last line of a run cut right after a periodic
+validation (``head -n 19579`` of 2024-10-13_llmc/main.log ends ``s:19499 trl:``, ``s:19500 tel:``). What
+tells them apart is the validation interval, the greatest common divisor of the earlier ``tel`` steps after 0
+(128 in 2024-06-06_AdamW, 250 in 2024-10-13_llmc): a periodic validation falls on a multiple of it, the final
+one of a finished run only when N happens to be one (9536 and 19560 are not). A run is complete only when its
+last ``tel`` step is off that interval, and then ``N = k + 1``; one that ends on the interval, or whose only
+earlier validation is at step 0 (interval unknown), is truncated, its reason naming the step and the interval:
+a finished run whose N is a multiple of the interval cannot be told from a cut one and is not counted either.
+
+A log is read as bytes, after a UTF-8 byte-order mark (what Windows PowerShell's ``Out-File -Encoding utf8``
+writes) when it has one; a UTF-16 or UTF-32 file (PowerShell's ``>``), a compressed or an empty file is refused
+with a message that says so (:func:`not_a_log_reason`).
 
 Parsing works on bytes: the code dump (most of a modded log) is hashed but never decoded, so 200 MB of logs
 parse in a few seconds.
@@ -31,6 +43,7 @@ parse in a few seconds.
 
 from __future__ import annotations
 
+import codecs
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -62,6 +75,13 @@ _STEP_FIRST_RE = re.compile(rb"\s*step:\d+/\d+ ")
 _MODDED_MARK_RE = re.compile(rb"^(?:step:\d+/\d+ |Running [Pp]y)", re.M)
 _PEAK_RE = re.compile(rb"peak memory (?:allocated|consumption): (\d+) MiB")
 
+NOT_A_LOG = ("not a training log (no 'speedrun:' header, no step:/s: lines, no line of 100 '=' followed by step: or "
+             "'Running Python' lines)")
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
+               b"PK\x03\x04": "zip"}
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+              (codecs.BOM_UTF16_BE, "UTF-16"))  # UTF-32 LE first: its BOM starts with UTF-16 LE's
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -72,10 +92,10 @@ class RunRecord:
     (``None`` for an unfinished llm.c log), ``last_step`` the last logged step. ``gpu_count`` counts the GPU
     rows of the nvidia-smi table (``modded``) or comes from our ``device:`` header (0 on CPU).
     ``code_hash`` identifies the code version: the sha256 of the code dump (``modded``: the text before the
-    separator that ends it) or, for our logs, of the ``config:`` line's JSON with the git commit
-    (:func:`speedrun.analysis.provenance.speedrun_provenance`); ``content_hash`` the sha256 of the whole file;
-    ``curve_hash`` the sha256 of the logged (step, loss) pairs. Identical files or identical loss curves are
-    the same run (:mod:`speedrun.analysis.groups`). ``reason`` says why a run is not complete.
+    separator that ends it, CRLF line endings read as LF) or, for our logs, of the ``config:`` line's JSON with
+    the git commit (:func:`speedrun.analysis.provenance.speedrun_provenance`); ``content_hash`` the sha256 of
+    the whole file; ``curve_hash`` the sha256 of the logged (step, loss) pairs. Identical files or identical
+    loss curves are the same run (:mod:`speedrun.analysis.groups`). ``reason`` says why a run is not complete.
 
     Provenance (:mod:`speedrun.analysis.provenance`; ``None`` when the log does not say): ``git_commit``,
     ``git_dirty``, ``config_sha256``, ``train_data_sha256``, ``val_data_sha256`` (hex), ``val_tokens``,
@@ -203,8 +223,9 @@ def sniff_format(data: bytes) -> Format | None:
     A log is ours when it starts with ``speedrun:``, llm.c when it starts with ``s:<n> trl:``/``tel:``,
     modded when it starts with a ``step:<s>/<N>`` line, or holds a separator line of exactly 100 ``=``
     followed by a ``step:<s>/<N>`` or ``Running Python``/``Running pytorch`` line (so a README with a rule
-    of ``=`` is not taken for a log).
+    of ``=`` is not taken for a log). A UTF-8 byte-order mark at the start is ignored.
     """
+    data = data.removeprefix(codecs.BOM_UTF8)
     if data.startswith(b"speedrun: "):
         return "speedrun"
     if _LLMC_FIRST_RE.match(data):
@@ -215,6 +236,26 @@ def sniff_format(data: bytes) -> Format | None:
     if seps and _MODDED_MARK_RE.search(data, seps[0][0]):
         return "modded"
     return None
+
+
+def not_a_log_reason(data: bytes) -> str:
+    """Why a file's content ``data``, which :func:`sniff_format` does not take for a log, is not one: empty,
+    compressed (gzip, bzip2, xz, zstd, zip), UTF-16 or UTF-32 text (a byte-order mark: what Windows PowerShell's
+    ``>`` writes), or text of no known format (:data:`NOT_A_LOG`). One sentence, for messages and
+    ``skip_reasons``."""
+    if not data.strip():
+        return "empty file (a run killed before it wrote anything?)"
+    kind = next((k for magic, k in _COMPRESSED.items() if data.startswith(magic)), None)
+    if kind:
+        return f"{kind}-compressed: decompress it to read it as a log"
+    wide = next(((bom, enc) for bom, enc in _WIDE_BOMS if data.startswith(bom)), None)
+    if wide:
+        bom, enc = wide
+        powershell = ", as Windows PowerShell's '>' writes" if bom == codecs.BOM_UTF16_LE else ""
+        return (f"{enc} text (byte-order mark {bom.hex(' ').upper()}{powershell}): convert it to UTF-8 to read it "
+                f"as a log (iconv -f {enc} -t UTF-8 LOG > NEW, or in PowerShell Get-Content LOG | Set-Content "
+                "-Encoding utf8 NEW)")
+    return NOT_A_LOG
 
 
 def _read(path: str | Path) -> bytes:
@@ -238,10 +279,11 @@ def _separators(data: bytes) -> list[tuple[int, int]]:
 
 
 def _scan(data: bytes, path: str | Path) -> _Scan:
+    """Raises: SpeedrunError: ``data`` is no training log (:func:`not_a_log_reason`)."""
+    data = data.removeprefix(codecs.BOM_UTF8)
     fmt = sniff_format(data)
     if fmt is None:
-        raise SpeedrunError(f"{path}: not a training log (no '{'=' * 10}...' separator line, no step:/s: lines, "
-                            "no 'speedrun:' header)")
+        raise SpeedrunError(f"{path}: {not_a_log_reason(data)}")
     if fmt == "llmc":
         rows = [(st, b"", b"val" if k == b"tel" else b"train", loss, b"", b"") for st, k, loss in _LLMC_RE.findall(data)]
         return _Scan(fmt, rows, data, "", None)
@@ -290,6 +332,7 @@ class _Result(NamedTuple):
     final: tuple[float, float | None, float | None] | None  # val_loss, train_time_ms, step_avg_ms of step N
     curve_hash: str | None
     nonfinite: str | None  # "non-finite val_loss at step 12"
+    cut: str | None = None  # why an llm.c log that ends with a val line is not taken as finished
 
 
 def _record(scan: _Scan, data: bytes, path: str | Path) -> RunRecord:
@@ -312,15 +355,17 @@ def _result(scan: _Scan) -> _Result:
     """Scheduled steps, last step, the final val line, the loss-curve hash and the first non-finite loss.
 
     llm.c: N is known only when the run ended, i.e. its last row is a val row one step after the last train
-    row (module docstring).
+    row, at a step off the validation interval (module docstring; :func:`_llmc_cut`).
     """
     rows = scan.rows
     if not rows:
         return _Result(None, None, None, None, None)
-    last_step, final = int(rows[-1][0]), None
+    last_step, final, cut = int(rows[-1][0]), None, None
     if scan.format == "llmc":
         train = [r for r in rows if r[2] == b"train"]
         ended = rows[-1][2] == b"val" and bool(train) and last_step == int(train[-1][0]) + 1
+        cut = _llmc_cut(rows) if ended else None
+        ended = ended and cut is None
         steps = last_step if ended else None
         final = (float(rows[-1][3]), None, None) if ended else None
     else:
@@ -331,7 +376,25 @@ def _result(scan: _Scan) -> _Result:
     nonfinite = next((f"non-finite {r[2].decode()}_loss at step {int(r[0])}"
                       for r in losses if not math.isfinite(float(r[3]))), None)
     curve = sha256(b" ".join(r[0] + b":" + r[3] for r in losses))
-    return _Result(steps, last_step, final, curve, nonfinite)
+    return _Result(steps, last_step, final, curve, nonfinite, cut)
+
+
+def _llmc_cut(rows: list[tuple[bytes, ...]]) -> str | None:
+    """Why an llm.c log whose last row is a val row one step after its last train row may be a run cut right
+    after a periodic validation, or ``None`` when that row is the final validation: its step is off the
+    validation interval, the gcd of the earlier val steps after 0 (module docstring)."""
+    last = int(rows[-1][0])
+    interval = math.gcd(*(int(r[0]) for r in rows[:-1] if r[2] == b"val"))
+    expected = "at N = the last 'trl' step + 1 (llm.c logs state no total step count)"
+    if interval == 0:
+        return (f"log ends at step {last} with its first val line after step 0: the validation interval is unknown, "
+                f"so a periodic validation cannot be told from the final one; expected a final 's:N tel:' line off "
+                f"the interval of the earlier val lines, {expected}")
+    if last % interval == 0:
+        return (f"log ends at step {last} with a val line at a multiple of the validation interval {interval}, as "
+                f"periodic validations are: the run may have been cut there; expected the final 's:N tel:' line "
+                f"off that interval, {expected}")
+    return None
 
 
 def _status(scan: _Scan, result: _Result) -> tuple[Status, str | None]:
@@ -346,6 +409,8 @@ def _status(scan: _Scan, result: _Result) -> tuple[Status, str | None]:
         return "complete", None
     if result.last_step is None:
         return "truncated", "no metrics lines"
+    if result.cut:
+        return "truncated", result.cut
     total = result.steps if result.steps is not None else "an unknown total"
     return "truncated", f"log ends at step {result.last_step} of {total} without the final val_loss line"
 

@@ -67,11 +67,12 @@ def versions(meta: str) -> dict[str, str]:
 
 
 def modded_provenance(meta: str, code: bytes | None) -> dict[str, Any]:
-    """RunRecord fields of a public log: GPU model and count (nvidia-smi rows), the code dump's sha256, and
-    its ``val_tokens`` and compile flags (module docstring); ``None`` where not found."""
+    """RunRecord fields of a public log: GPU model and count (nvidia-smi rows), the code dump's sha256 (with
+    CRLF line endings made LF first, so a copy saved on Windows is the same code version), and its
+    ``val_tokens`` and compile flags (module docstring); ``None`` where not found."""
     names = _GPU_ROW_RE.findall(meta)
     return {"gpu": ", ".join(dict.fromkeys(names)) or None, "gpu_count": len(names) or None,
-            "code_hash": sha256(code) if code else None,
+            "code_hash": sha256(code.replace(b"\r\n", b"\n")) if code else None,
             "val_tokens": code_val_tokens(code) if code else None,
             "compile_flags": code_compile_flags(code) if code else None}
 

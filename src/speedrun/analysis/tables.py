@@ -96,7 +96,7 @@ def status_counts(by_status: Mapping[str, int]) -> list[str]:
 
 def stats_table(results: Sequence["GroupStats"]) -> str:
     """The console table of ``speedrun stats``: one row per group, then notes (splits, incomplete runs...,
-    and the skipped files that look like logs: :func:`skipped_notes`)."""
+    and the skipped files that look like logs or parsed runs: :func:`skipped_notes`)."""
     target = results[0].target if results else 0.0
     alpha = results[0].alpha if results else 0.0
     power = results[0].power.power if results else 0.0
@@ -136,16 +136,18 @@ def _not_counted_note(g: Group, run: "RunRecord", statuses: str, reasons: str) -
 
 
 LOG_SUFFIXES = (".txt", ".log")
+NOTED_SUFFIXES = LOG_SUFFIXES + (".json",)  # skipped files the console names: logs and parsed runs
 
 
 def skipped_notes(results: Sequence["GroupStats"]) -> list[str]:
     """``skipped: <path>: <reason>`` for each skipped file that looks like a log (``.txt``/``.log``, also
-    compressed, e.g. ``.txt.gz``), once even when its directory was split into several groups; README.md,
-    statistics.md and the CSVs beside parsed runs stay quiet."""
+    compressed, e.g. ``.txt.gz``) or a parsed run (``.json``: a corrupt one would otherwise lower n unseen),
+    once even when its directory was split into several groups; README.md, statistics.md and the CSVs beside
+    parsed runs stay quiet."""
     seen: dict[str, str] = {}
     for s in results:
         for file, reason in zip(s.group.skipped, s.group.skip_reasons):
-            if any(x.lower() in LOG_SUFFIXES for x in Path(file).suffixes):
+            if any(x.lower() in NOTED_SUFFIXES for x in Path(file).suffixes):
                 seen.setdefault(file, reason or "not a training log or parsed-run .json")
     return [f"skipped: {file}: {reason}" for file, reason in seen.items()]
 
@@ -167,7 +169,8 @@ def statistics_markdown(s: "GroupStats", title: str | None = None, extra: Sequen
     ``extra`` Markdown lines (a "vs baseline" section) go after the test."""
     g = s.group
     steps = f", step {g.steps}/{g.steps}" if g.steps else ""
-    lines = [f"# {title or g.name} statistics", "", f"{s.val_loss.n} complete runs{steps}.", ""]
+    n = s.val_loss.n
+    lines = [f"# {title or g.name} statistics", "", f"{n} complete run{'s' * (n != 1)}{steps}.", ""]
     if g.split_reason:
         lines += [f"Split: {g.split_reason}.", ""]
     lines += md_table(["Run", "val_loss", "train_time"], [
