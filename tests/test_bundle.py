@@ -103,15 +103,23 @@ def test_readme_table_and_snippets(bundle, capsys):
     c = [r["train_time_ms"] / 1000 for r in groups["candidate"]["runs"]]
     welch = sps.ttest_ind(c, b, equal_var=False, alternative="less")
     assert close_to_printed(np.mean(c) - np.mean(b), cand_row[5]) and float(cand_row[6]) == float(f"{welch.pvalue:.4g}")
-    # every snippet prints the line the README says it prints
+    # every snippet prints the line the README says it prints: both one-sample tests, both Welch lines
     blocks = re.findall(r"prints `([^`]+)`:\n\n```python\n(.*?)```", readme, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 4
     for line, code in blocks:
         exec(compile(code, "README.md", "exec"), {})
         assert capsys.readouterr().out.strip() == line
-    welch_code = readme.split("Welch t-test on train_time (H1: the candidate is faster):\n\n```python\n")[1]
-    exec(compile(welch_code.split("```")[0], "README.md", "exec"), {})
-    assert f"    {capsys.readouterr().out.strip()}\n" in readme
+    welch_lines = [line for line, _ in blocks[2:]]
+    assert [line.split(":")[0] for line in welch_lines] == ["train_time_s", "val_loss"]
+    for line in welch_lines:
+        assert f"\n    {line}\n" in readme                   # the Results section's Welch line itself
+    # the val_loss Welch line against scipy on the counted runs (the copy seed9-copy.txt and seed3 left out)
+    bl = [r["val_loss"] for r in groups["baseline"]["runs"] if r["status"] == "complete" and r["duplicate_of"] is None]
+    cl = [r["val_loss"] for r in groups["candidate"]["runs"]]
+    loss = sps.ttest_ind(cl, bl, equal_var=False, alternative="less")
+    assert (sorted(bl), sorted(cl)) == ([6.88, 6.9, 6.95], [6.79, 6.8, 6.83, 6.84])
+    assert welch_lines[1] == (f"val_loss: diff={np.mean(cl) - np.mean(bl):.4f} t={loss.statistic:.3f} "
+                              f"dof={loss.df:.1f} p={loss.pvalue:.4g}")
     assert "| validation tokens | note |" in readme and "VIOLATION" not in readme
 
 
@@ -217,3 +225,130 @@ def test_the_runs_section_counts_a_copy_of_a_diverged_log_once(tmp_path):
     assert "- `baseline/`: 5 log(s), 3 counted, 2 diverged; `statistics.md` lists every run." in readme
     # a copy of a complete log still counts once
     assert "- `candidate/`: 4 log(s), 3 counted, 1 duplicate(s) counted once;" in readme
+
+
+IDENTICAL = ("> **Warning**: {n} identical run(s) on both sides (same file or loss curve): the samples are not "
+             "independent.")
+
+
+def _warning_block(readme: str) -> list[str]:
+    """The quoted lines between the title and the first section."""
+    return [line for line in readme.split("## Results")[0].splitlines() if line.startswith(">")]
+
+
+def test_the_readme_warns_about_a_log_on_both_sides(tmp_path):
+    """A baseline log copied into the candidate's folder: the comparison's warning (1 identical run on both
+    sides, what `speedrun compare` lists) is in the README's warning block; a folder bundled against itself
+    warns of all its runs."""
+    from speedrun.compare import compare_groups, one_group
+
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
+    cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79], 0.04)
+    shutil.copy(tmp_path / "train" / "baseline" / "seed1.txt", tmp_path / "train" / "candidate" / "from-base.txt")
+    parse_to_files(str(tmp_path / "train" / "candidate" / "from-base.txt"), None, str(cand / "from-base.json"))
+    out = tmp_path / "out" / "record"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(cand), "--out", str(out),
+                     "--target", "7"]) == 0
+    readme = (out / "README.md").read_text()
+    block = _warning_block(readme)
+    # the same warnings as speedrun compare gives for these runs (no rule violated here)
+    c = compare_groups(one_group(str(base), "B"), one_group(str(cand), "C"), 0.01, 7.0)
+    assert c.warnings == ("1 identical run(s) on both sides (same file or loss curve): the samples are not "
+                          "independent",)
+    assert block[0] == IDENTICAL.format(n=1)
+    assert "- `candidate/`: 4 log(s), 4 counted; `statistics.md` lists every run." in readme
+    # a folder against itself: every counted run is on both sides
+    same = tmp_path / "out" / "same"
+    assert cli.main(["bundle", "--baseline", str(base), "--candidate", str(base), "--out", str(same),
+                     "--target", "7"]) == 0
+    assert _warning_block((same / "README.md").read_text())[0] == IDENTICAL.format(n=3)
+
+
+def test_the_readme_lists_rule_violations_and_runs_without_time_too(tmp_path):
+    """Every warning of the comparison, in its order: the violated rules in one line, then the others."""
+    from speedrun.analysis.bundle_readme import warning_lines
+    from speedrun.analysis.groups import Group
+    from speedrun.compare import compare_groups
+    from test_stats import record
+
+    base = Group("b", "b", "b", tuple(replace_gpu(record(f"b{i}.txt", v, t), "H100")
+                                      for i, (v, t) in enumerate([(6.90, 100.0), (6.95, 102.0), (6.92, 101.0)])))
+    cand = Group("c", "c", "c", tuple(replace_gpu(record(f"c{i}.txt", v, t), "A100")
+                                      for i, (v, t) in enumerate([(6.80, None), (6.83, 90.0), (6.79, 91.0)])))
+    c = compare_groups(base, cand, 0.01, 7.0)
+    rule_warnings = [w for w in c.warnings if w.startswith("rule violated: ")]
+    others = [w for w in c.warnings if not w.startswith("rule violated: ")]
+    assert rule_warnings and others == ["some counted runs have no train_time (llm.c logs); train_time uses the "
+                                        "others"]
+    lines = warning_lines(c)
+    assert lines[0].startswith(f"> **Warning: {len(rule_warnings)} rule(s) violated**: GPUs (")
+    assert lines[1:] == ["", f"> **Warning**: {others[0]}.", ""]
+
+
+def replace_gpu(run, gpu):
+    from dataclasses import replace
+
+    return replace(run, gpu=gpu, gpu_count=1)
+
+
+def test_logs_of_records_parsed_in_another_folder_are_found(tmp_path, monkeypatch):
+    """`cd rel; speedrun parse logs/<side>/seedN.txt --json parsed/<side>/seedN.json`: the records name their logs
+    relative to rel/. Bundled from elsewhere, each log is found from the .json's folder upwards (the one with
+    the parsed content, not an unrelated file at the same relative path from here); a missing log is named
+    with its .json and every path tried."""
+    rel = tmp_path / "rel"
+    for side, lr, finals in (("base", 0.05, [6.90, 6.95, 6.88]), ("cand", 0.04, [6.80, 6.84, 6.79])):
+        for seed, final in enumerate(finals):
+            text, _ = our_log(seed=seed, losses=[10.8, 9.0, 8.0, 7.5, final], step_ms=100.0 + seed + lr,
+                              config={"muon_lr": lr, "compile": False}, header=HEADER)
+            write(rel / "logs" / side / f"seed{seed}.txt", text)
+    monkeypatch.chdir(rel)
+    for log in sorted((rel / "logs").glob("*/*.txt")):
+        side = log.parent.name
+        assert cli.main(["parse", f"logs/{side}/{log.name}", "--json", f"parsed/{side}/{log.stem}.json"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere / "logs" / "base" / "seed0.txt", "another file at the same relative path\n")
+    monkeypatch.chdir(elsewhere)
+    out = tmp_path / "bundle"
+    assert cli.main(["bundle", "--baseline", str(rel / "parsed" / "base"), "--candidate",
+                     str(rel / "parsed" / "cand"), "--out", str(out), "--target", "7"]) == 0
+    for side, folder in (("baseline", "base"), ("candidate", "cand")):
+        for seed in range(3):
+            log = rel / "logs" / folder / f"seed{seed}.txt"
+            assert (out / side / log.name).read_bytes() == log.read_bytes()
+    (rel / "logs" / "cand" / "seed2.txt").unlink()
+    with pytest.raises(SpeedrunError) as e:
+        build_bundle(str(rel / "parsed" / "base"), str(rel / "parsed" / "cand"), tmp_path / "b2", target=7.0)
+    msg = str(e.value)
+    assert msg.startswith(f"logs/cand/seed2.txt: cannot find the training log of run logs/cand/seed2.txt named by "
+                          f"{rel / 'parsed' / 'cand' / 'seed2.json'}: tried logs/cand/seed2.txt (No such file or "
+                          f"directory); {rel / 'parsed' / 'cand' / 'logs/cand/seed2.txt'} (No such file or directory)"
+                          f"; {rel / 'parsed' / 'logs/cand/seed2.txt'} (No such file or directory); "
+                          f"{rel / 'logs/cand/seed2.txt'} (No such file or directory); ")
+    assert not (tmp_path / "b2").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_the_workflow_layout_bundles_from_any_folder(tmp_path, monkeypatch):
+    """results/parse/<variant>/seedN.json names results/train/<variant>/seedN.txt (parsed at the project root):
+    found from another current folder too."""
+    root = tmp_path / "project"
+    base = make_side(root / "results", "baseline", [6.90, 6.95, 6.88], 0.05)
+    cand = make_side(root / "results", "candidate", [6.80, 6.84, 6.79], 0.04)
+    for record in [*base.glob("*.json"), *cand.glob("*.json")]:       # as the parse rule writes them
+        text = record.read_text()
+        record.write_text(text.replace(str(root) + "/", ""))
+    assert '"file": "results/train/baseline/seed0.txt"' in (base / "seed0.json").read_text()
+    monkeypatch.chdir(tmp_path)
+    out = build_bundle(str(base), str(cand), tmp_path / "bundle", target=7.0)
+    assert (out / "candidate" / "seed2.txt").read_bytes() == (root / "results/train/candidate/seed2.txt").read_bytes()
+
+
+@needs_reference
+def test_reference_bundle_warns_about_a_baseline_log_among_the_candidates(tmp_path):
+    """2026-05-20_BigramsSignTrick with one baseline log copied among pr299's: the README says so."""
+    folder = REFERENCE / "2026-05-20_BigramsSignTrick"
+    cand = tmp_path / "pr299"
+    shutil.copytree(folder / "pr299", cand)
+    shutil.copy(next(iter(sorted((folder / "baseline").glob("*.txt")))), cand / "from-baseline.txt")
+    out = build_bundle(str(folder / "baseline"), str(cand), tmp_path / "bundle")
+    assert IDENTICAL.format(n=1) in _warning_block((out / "README.md").read_text())

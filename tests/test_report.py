@@ -108,7 +108,9 @@ def test_summary_from_older_files_without_new_keys(runs):
                                                 "train_time_mean_s", "train_time_std_s")} for g in SUMMARY]
     text = render_summary(old, [], table, "baseline", 6.5, 0.01)
     assert "| baseline | 3 | 20 | 6.2000 | 0.1414 | 0.0032 | yes | – |" in text
-    assert "## Provenance" not in text and "No candidate variant is configured." in text
+    assert "## Provenance" not in text
+    assert ("No comparison was given (`--comparisons`: the .json files of `speedrun compare`): candidate is not "
+            "tested against the baseline.") in text
 
 
 def test_counted_drops_incomplete_runs_and_duplicates(runs):
@@ -295,6 +297,18 @@ def test_incomplete_runs_without_seed_are_named_by_file(tmp_path):
     assert "seed None" not in text
 
 
+def test_a_run_without_seed_has_a_dash_in_the_run_table(tmp_path):
+    table, _ = load_runs(_public_runs(tmp_path))
+    text = render_summary([], [], table, "base", 6.5, 0.01)
+    rows = [line for line in text.split("## Runs", 1)[1].splitlines() if line.startswith("| cand |")]
+    assert [row.split(" | ")[1] for row in rows] == ["–", "–", "–"] and "None" not in text
+    # a seed column with a missing seed is float in pandas: the others stay integers
+    mixed = table.assign(seed=[3, None, 1])
+    rows = [line for line in render_summary([], [], mixed, "base", 6.5, 0.01).splitlines()
+            if line.startswith("| cand |")]
+    assert [row.split(" | ")[1] for row in rows] == ["3", "–", "1"]
+
+
 def test_incomplete_runs_with_seed_are_named_by_seed(runs):
     text = render_summary(SUMMARY, [], runs[0], "baseline", 6.5, 0.01)
     assert "not counted: candidate seed 1 (diverged)" in text
@@ -351,20 +365,29 @@ def test_report_out_dir_that_is_a_file_is_one_line(paths, tmp_path, capsys):
     assert afile.read_text() == "keep\n"
 
 
-def test_unknown_baseline_is_refused_naming_the_variants(paths, tmp_path, capsys):
+def test_unknown_baseline_is_refused_naming_the_summary_groups(paths, tmp_path, capsys):
     from speedrun import cli
 
-    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(SUMMARY))
     out = tmp_path / "report"
-    argv = ["report", "--runs", *map(str, paths), "--summary", str(tmp_path / "summary.json"), "--baseline", "nosuch",
+    argv = ["report", "--runs", *map(str, paths), "--summary", str(summary), "--baseline", "nosuch",
             "--target", "6.5", "--out-dir", str(out)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert "--baseline nosuch: not a variant of the runs given; expected one of baseline, candidate" in err
+    assert err == (f"speedrun report: error: --baseline nosuch: names no group of --summary {summary}; expected one "
+                   "of its groups: baseline, candidate\n")
     assert not out.exists()
     with pytest.raises(SpeedrunError, match=r"--baseline candidat: .* baseline, candidate$"):
-        report.check_baseline("candidat", ["baseline", "candidate"])
-    report.check_baseline("candidate", ["baseline", "candidate"])
+        report.check_baseline("candidat", SUMMARY)
+    assert report.check_baseline("candidate", SUMMARY) == "candidate"
+    # speedrun stats run at the project root names its groups by path: the group name or its folder's name
+    rooted = [{**g, "group": f"results/parse/{g['group']}", "path": f"results/parse/{g['path']}"} for g in SUMMARY]
+    assert report.check_baseline("baseline", rooted) == report.check_baseline("results/parse/baseline", rooted)
+    assert report.check_baseline("baseline", rooted) == "results/parse/baseline"
+    with pytest.raises(SpeedrunError, match=r"expected one of its groups: results/parse/baseline, "
+                                            r"results/parse/candidate$"):
+        report.check_baseline("parse/baseline2", rooted)
 
 
 @pytest.mark.parametrize("case, what", [
@@ -395,3 +418,193 @@ def test_report_refuses_comparisons_that_are_not_compare_outputs_before_writing(
                                                                   "compare --json-out, ")) and what in err
     assert not out.exists()
     assert report.read_comparison(good) == COMPARISON
+
+
+def _experiment(root, finals, alpha="0.05", target="7", name="exp"):
+    """A workflow-like experiment under root/<name>: our logs in train/<variant>/, parsed at <name>/ into
+    parse/<variant>/seed<N>.{csv,json}, then `speedrun stats` and `speedrun compare` run in parse/ (as the
+    stats and compare rules do): summary.json and compare/candidate.json under stats/. Returns the folder."""
+    import os
+
+    from speedrun import cli
+    from test_logs import our_log, write
+
+    exp = root / name
+    for variant, values in finals.items():
+        for seed, final in enumerate(values):
+            text, _ = our_log(seed=seed, variant=variant, losses=[10.8, 9.0, 8.0, 7.5, final],
+                              step_ms=100.0 + seed + (variant == "candidate"))
+            write(exp / "train" / variant / f"seed{seed}.txt", text)
+    cwd = os.getcwd()
+    try:
+        os.chdir(exp)
+        for log in sorted((exp / "train").glob("*/*.txt")):
+            out = f"parse/{log.parent.name}/{log.stem}"
+            assert cli.main(["parse", f"train/{log.parent.name}/{log.name}", "--csv", f"{out}.csv",
+                             "--json", f"{out}.json"]) == 0
+        os.chdir(exp / "parse")
+        variants = list(finals)
+        assert cli.main(["stats", *variants, "--target", target, "--alpha", alpha,
+                         "--json-out", "../stats/summary.json"]) == 0
+        if "candidate" in finals:
+            assert cli.main(["compare", "baseline", "candidate", "--target", target, "--alpha", alpha,
+                             "--json-out", "../stats/compare/candidate.json"]) == 0
+    finally:
+        os.chdir(cwd)
+    return exp
+
+
+FINALS = {"baseline": [6.90, 6.95, 6.88], "candidate": [6.80, 6.84, 6.79, 6.83]}
+
+
+def _records(exp):
+    return sorted(str(p) for p in (exp / "parse").glob("*/*.json"))
+
+
+def _argv(exp, *extra, runs=None, summary=None, comparisons=None, out=None):
+    return ["report", "--runs", *(runs or _records(exp)), "--summary", str(summary or exp / "stats/summary.json"),
+            "--comparisons", *(comparisons or [str(exp / "stats/compare/candidate.json")]), "--baseline", "baseline",
+            "--out-dir", str(out or exp / "report"), *extra]
+
+
+def _refused(argv, capsys, out):
+    from speedrun import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+    return err.removeprefix("speedrun report: error: ").rstrip("\n")
+
+
+def test_report_takes_target_and_alpha_from_the_summary(tmp_path, capsys):
+    """Without --target and --alpha the report states the summary's (7, 0.05): the header, the runs-needed column
+    and the verdicts agree (the baseline's p = 0.02478, by scipy, reaches the target at 0.05, not at 0.01); given
+    as the workflow gives them (the config's, which stats had too), the same report."""
+    from scipy import stats as sps
+
+    from speedrun import cli
+
+    exp = _experiment(tmp_path, FINALS)
+    assert cli.main(_argv(exp)) == 0
+    text = (exp / "report" / "summary.md").read_text()
+    p = sps.ttest_1samp(FINALS["baseline"], 7.0, alternative="less").pvalue
+    assert 0.01 < p < 0.05 and f"{p:.4g}" == "0.02478"
+    assert "Target val_loss 7.0; a variant reaches it when the one-sided one-sample t-test of mean val_loss < 7.0 " \
+           "gives p < 0.05 with at least 3 counted runs" in text
+    [row] = [line for line in text.splitlines() if line.startswith("| baseline | 3 |")]
+    assert row.split(" | ")[5:7] == ["0.02478", "yes"]
+    assert "| runs for p<0.05 / 80% power |" in text
+    assert cli.main(_argv(exp, "--target", "7", "--alpha", "0.05", out=tmp_path / "again")) == 0
+    assert (tmp_path / "again" / "summary.md").read_text() == text
+
+
+@pytest.mark.parametrize("option, given, recorded", [("--alpha", "0.001", "0.05"), ("--target", "3.5", "7")])
+def test_report_refuses_a_target_or_alpha_that_is_not_the_summarys(tmp_path, capsys, option, given, recorded):
+    exp = _experiment(tmp_path, FINALS)
+    err = _refused(_argv(exp, option, given), capsys, exp / "report")
+    summary = exp / "stats" / "summary.json"
+    key = option.removeprefix("--")
+    assert err == (f"{option} {given}: the statistics of --summary {summary} were computed with {key} {recorded}, "
+                   f"and their p-values and verdicts hold for that value only; expected {option} {recorded} (or leave "
+                   f"{option} out), or run speedrun stats {option} {given} again")
+
+
+def test_report_refuses_a_comparison_at_another_alpha_or_baseline(tmp_path, capsys):
+    exp = _experiment(tmp_path, FINALS)
+    other = _experiment(tmp_path, FINALS, alpha="0.01", name="other")
+    cmp_path = other / "stats/compare/candidate.json"
+    err = _refused(_argv(exp, comparisons=[str(cmp_path)]), capsys, exp / "report")
+    assert err == (f"--comparisons {cmp_path}: alpha 0.01, but the statistics of --summary {exp / 'stats/summary.json'}"
+                   " are at alpha 0.05; expected a comparison of speedrun compare --alpha 0.05")
+    swapped = tmp_path / "swapped.json"
+    swapped.write_text(json.dumps({**json.loads((exp / "stats/compare/candidate.json").read_text()),
+                                   "baseline": "candidate", "candidate": "baseline"}))
+    err = _refused(_argv(exp, comparisons=[str(swapped)]), capsys, exp / "report")
+    assert err == (f"--comparisons {swapped}: compares baseline with candidate, not with the baseline baseline "
+                   "(--baseline); expected comparisons against baseline")
+
+
+def test_report_refuses_runs_that_are_not_the_summarys(tmp_path, capsys):
+    """Runs of another experiment, the same record twice (as the same file or a copy), and a run of the summary
+    left out: each refused, naming the files, before anything is written."""
+    exp = _experiment(tmp_path, FINALS)
+    summary = exp / "stats" / "summary.json"
+    expected = "expected the parsed runs that speedrun stats read to write this summary.json"
+    # another experiment's summary: other groups
+    other = _experiment(tmp_path, {"baseline": [6.9, 6.95, 6.88], "wider": [6.7, 6.75]}, name="other")
+    err = _refused(_argv(exp, summary=other / "stats/summary.json", comparisons=[]), capsys, exp / "report")
+    first_candidate = exp / "parse" / "candidate" / "seed0.json"
+    assert err == (f"--runs {first_candidate}: its variant 'candidate' (the record's folder) is no group of --summary "
+                   f"{other / 'stats/summary.json'} (its groups: baseline, wider); {expected}")
+    # another experiment with the same variant names and log paths (relative to its own folder): other runs
+    same_names = _experiment(tmp_path, {"baseline": [6.91, 6.96, 6.87], "candidate": [6.8, 6.84, 6.79, 6.83]},
+                             name="same_names")
+    err = _refused(_argv(same_names, summary=summary, comparisons=[]), capsys, same_names / "report")
+    assert err == (f"--runs {same_names / 'parse/baseline/seed0.json'}: the run of train/baseline/seed0.txt differs "
+                   f"from that run in group baseline of --summary {summary} (val_loss 6.91 in the record, 6.9 in the "
+                   f"summary); {expected} (a log of the same path in another experiment?)")
+    # the same experiment with a seed fewer: the summary's third run is given by no record
+    fewer = _experiment(tmp_path, {"baseline": [6.90, 6.95], "candidate": FINALS["candidate"]}, name="fewer")
+    err = _refused(_argv(fewer, summary=summary, comparisons=[]), capsys, fewer / "report")
+    assert err == (f"--summary {summary}: group baseline counts its run train/baseline/seed2.txt, which no record of "
+                   f"--runs gives; {expected}, all of them")
+    # the same records twice
+    records = _records(exp)
+    err = _refused(_argv(exp, runs=[*records, records[1]]), capsys, exp / "report")
+    assert err == f"--runs {records[1]}: given twice; expected each run record once"
+    alias = exp / "parse" / "baseline" / ".." / "baseline" / "seed1.json"
+    err = _refused(_argv(exp, runs=[*records, str(alias)]), capsys, exp / "report")
+    assert err == f"--runs {alias}: given twice (also as {records[1]}); expected each run record once"
+    copy = exp / "parse" / "baseline" / "seed0-copy.json"
+    copy.write_text((exp / "parse" / "baseline" / "seed0.json").read_text())
+    err = _refused(_argv(exp, runs=[*records, str(copy)]), capsys, exp / "report")
+    assert err == (f"--runs {copy}: the same run as {exp / 'parse/baseline/seed0.json'} (the log "
+                   "train/baseline/seed0.txt, same content); expected each run record once")
+    # a run of the summary left out
+    err = _refused(_argv(exp, runs=records[:-1]), capsys, exp / "report")
+    assert err == (f"--summary {summary}: group candidate counts its run train/candidate/seed3.txt, which no record "
+                   f"of --runs gives; {expected}, all of them")
+
+
+def test_report_refuses_a_run_of_another_experiment_with_the_same_group(tmp_path, capsys):
+    exp = _experiment(tmp_path, FINALS)
+    summary = exp / "stats" / "summary.json"
+    moved = json.loads(summary.read_text())
+    for g in moved:                          # the same group names, other logs (parsed from another folder)
+        g["runs"] = [{**r, "file": "elsewhere/" + r["file"]} for r in g["runs"]]
+    other = tmp_path / "other-summary.json"
+    other.write_text(json.dumps(moved))
+    err = _refused(_argv(exp, summary=other, comparisons=[]), capsys, exp / "report")
+    assert err == (f"--runs {exp / 'parse/baseline/seed0.json'}: the run of train/baseline/seed0.txt is not among the "
+                   f"runs of group baseline of --summary {other}; expected the parsed runs that speedrun stats read "
+                   "to write this summary.json (this summary.json may be of another experiment or other seeds)")
+
+
+def test_report_without_comparisons_says_none_was_given(tmp_path, capsys):
+    from speedrun import cli
+
+    exp = _experiment(tmp_path, FINALS)
+    argv = _argv(exp)
+    argv.remove(str(exp / "stats/compare/candidate.json"))
+    assert cli.main(argv) == 0
+    text = (exp / "report" / "summary.md").read_text()
+    section = text.split("## Candidates against the baseline (baseline)", 1)[1].split("## Runs", 1)[0]
+    assert section.strip() == ("No comparison was given (`--comparisons`: the .json files of `speedrun compare`): "
+                               "candidate is not tested against the baseline.")
+
+
+def test_report_settings_of_older_or_mixed_summaries(tmp_path):
+    """A summary without target/alpha (an older version) takes the given ones (alpha 0.01 when not given); without
+    a target anywhere, or with groups of two targets, the report is refused, naming the file."""
+    path = tmp_path / "summary.json"
+    old = [{"group": "a"}, {"group": "b"}]
+    assert report.report_settings(old, path, 4.6, None) == (4.6, 0.01)
+    assert report.report_settings(old, path, 4.6, 0.05) == (4.6, 0.05)
+    assert report.report_settings([{"group": "a", "target": 4.6, "alpha": 0.05}], path, None, None) == (4.6, 0.05)
+    with pytest.raises(SpeedrunError, match=rf"^--target: not given, and --summary {path} records none"):
+        report.report_settings(old, path, None, None)
+    mixed = [{"group": "a", "target": 3.28}, {"group": "b", "target": 3.5}]
+    with pytest.raises(SpeedrunError, match=rf"^--summary {path}: its groups disagree on target \(a: 3.28, b: 3.5\)"):
+        report.report_settings(mixed, path, None, None)
+    with pytest.raises(SpeedrunError, match=rf"^--summary {path}: group a: alpha: 'x' is not a number$"):
+        report.report_settings([{"group": "a", "target": 3.28, "alpha": "x"}], path, None, None)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,20 +34,27 @@ from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_l
 from speedrun.analysis.report_tables import render_summary
 from speedrun.atomic import atomic_open, write_text
 from speedrun.errors import SpeedrunError
+from speedrun.stats import DEFAULT_ALPHA, check_alpha, check_target
 
-__all__ = ["add_arguments", "main", "load_runs", "read_record", "read_records", "read_summary", "read_comparison",
+__all__ = ["add_arguments", "main", "report_settings", "check_records", "check_baseline", "check_comparison",
+           "load_runs", "read_record", "read_records", "read_summary", "read_comparison",
            "counted", "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss",
            "plot_distributions", "plot_p_value_by_n"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", nargs="+", required=True, metavar="JSON",
-                        help="parsed-run records (results/parse/<variant>/seed<N>.json; the .csv beside each is read too)")
+                        help="parsed-run records (results/parse/<variant>/seed<N>.json; the .csv beside each is read "
+                             "too): the runs that speedrun stats read for --summary, each once")
     parser.add_argument("--summary", required=True, help="summary.json of the stats stage")
     parser.add_argument("--comparisons", nargs="*", default=[], metavar="JSON", help="comparison .json files of the compare stage")
-    parser.add_argument("--baseline", required=True, help="name of the baseline variant")
-    parser.add_argument("--target", type=float, required=True, help="target val_loss")
-    parser.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    parser.add_argument("--baseline", required=True,
+                        help="the baseline: a group of --summary (its name, or its folder's name)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="target val_loss (default: the summary's; when given, it must be the summary's)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help=f"significance level (default: the summary's, else {DEFAULT_ALPHA}; when given, it "
+                             "must be the summary's)")
     parser.add_argument("--zoom-last-fraction", type=float, default=0.5,
                         help="the zoomed val_loss panel shows this last fraction of training (default 0.5)")
     parser.add_argument("--out-dir", required=True, help="output folder (results/report)")
@@ -53,37 +62,229 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.runs]
-    runs, curves = load_runs(paths)
-    check_baseline(args.baseline, list(dict.fromkeys(runs["variant"])))
+    summary_path = Path(args.summary)
+    summary = read_summary(summary_path)
+    target, alpha = report_settings(summary, summary_path, args.target, args.alpha)
     records = read_records(paths)
-    summary = read_summary(Path(args.summary))
+    check_records(paths, records, summary, summary_path)
+    baseline = check_baseline(args.baseline, summary, summary_path)
     comparisons = [read_comparison(Path(p)) for p in args.comparisons]
+    comparisons = [check_comparison(Path(p), c, summary, summary_path, baseline, target, alpha)
+                   for p, c in zip(args.comparisons, comparisons)]
+    runs, curves = load_runs(paths)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs.csv") as f:
         runs.to_csv(f, index=False)
-    write_text(out / "summary.md", render_summary(summary, comparisons, runs, args.baseline, args.target, args.alpha,
-                                                  records))
+    write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records))
     mask = counted(runs, summary)
-    plot_val_loss(curves, out / "val_loss.png", args.target, args.zoom_last_fraction)
-    plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", args.target,
+    plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction)
+    plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", target,
                        args.zoom_last_fraction)
-    plot_final_val_loss(runs, out / "final_val_loss.png", args.target)
-    plot_distributions(runs[mask], out / "distributions.png", args.target)
-    plot_p_value_by_n(summary, out / "p_value_by_n.png", args.alpha)
+    plot_final_val_loss(runs, out / "final_val_loss.png", target)
+    plot_distributions(runs[mask], out / "distributions.png", target)
+    plot_p_value_by_n(summary, out / "p_value_by_n.png", alpha)
     print(f"report written to {out}")
     return 0
 
 
-def check_baseline(baseline: str, variants: Sequence[str]) -> None:
-    """Refuse a ``--baseline`` that is none of ``variants`` (the folders of the ``--runs`` records).
+def _same(a: float, b: float) -> bool:
+    """Whether two settings are the same number (a float written as JSON and read back, or typed twice)."""
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+
+
+def _number(value: Any, what: str) -> float:
+    """``value`` as a float, for a setting read from a JSON file (``what`` names the file and key in errors).
 
     Raises:
-        SpeedrunError: naming the baseline and the known variants.
+        SpeedrunError: it is not a number.
     """
-    if baseline not in variants:
-        raise SpeedrunError(f"--baseline {baseline}: not a variant of the runs given; expected one of "
-                            f"{', '.join(variants)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpeedrunError(f"{what}: {value!r} is not a number")
+    return float(value)
+
+
+def _summary_value(summary: Sequence[Mapping[str, Any]], key: str, path: Path) -> float | None:
+    """The one ``key`` (``target``/``alpha``) of the summary's groups, ``None`` when no group records it.
+
+    Raises:
+        SpeedrunError: a value is not a number, or groups of the summary disagree on it (naming them and their
+            values).
+    """
+    values = [(g["group"], _number(g[key], f"--summary {path}: group {g['group']}: {key}"))
+              for g in summary if g.get(key) is not None]
+    if any(not _same(v, values[0][1]) for _, v in values):
+        raise SpeedrunError(f"--summary {path}: its groups disagree on {key} ("
+                            + ", ".join(f"{name}: {v:g}" for name, v in values)
+                            + "); expected one summary.json of one speedrun stats call")
+    return values[0][1] if values else None
+
+
+def report_settings(summary: Sequence[Mapping[str, Any]], path: Path, target: float | None,
+                    alpha: float | None) -> tuple[float, float]:
+    """The target val_loss (nats/token) and the significance level of the report: those that the stats of
+    ``summary`` (read from ``path``) were computed with (every p-value, verdict and runs needed in it is at that
+    target and level). A ``--target``/``--alpha`` given must be the same; one not given is the summary's. A
+    summary of an older version without them takes the given values (alpha: 0.01 when not given either).
+
+    Raises:
+        SpeedrunError: a given value disagrees with the summary's (naming both and the file), is out of range
+            (:func:`speedrun.stats.check_target`/``check_alpha``), or no target is given or recorded.
+    """
+    chosen = []
+    for key, given, default in (("target", target, None), ("alpha", alpha, DEFAULT_ALPHA)):
+        recorded = _summary_value(summary, key, path)
+        if given is not None and recorded is not None and not _same(given, recorded):
+            raise SpeedrunError(f"--{key} {given:g}: the statistics of --summary {path} were computed with {key} "
+                                f"{recorded:g}, and their p-values and verdicts hold for that value only; expected "
+                                f"--{key} {recorded:g} (or leave --{key} out), or run speedrun stats --{key} "
+                                f"{given:g} again")
+        value = next((v for v in (given, recorded, default) if v is not None), None)
+        if value is None:
+            raise SpeedrunError(f"--target: not given, and --summary {path} records none (a summary.json of an older "
+                                "version); expected --target <val_loss>, the target speedrun stats was given")
+        chosen.append(float(value))
+    check_target(chosen[0])
+    check_alpha(chosen[1])
+    return chosen[0], chosen[1]
+
+
+def _folder(name: str) -> str:
+    """The last part of a group's path (``results/parse/baseline`` -> ``baseline``): the folder of its runs."""
+    return Path(name).name
+
+
+def _group_folder(g: Mapping[str, Any]) -> str:
+    """The folder that a summary group's runs come from (``path``; the name for a file without it)."""
+    return _folder(str(g.get("path") or g["group"]))
+
+
+def check_records(paths: Sequence[Path], records: Sequence[Mapping[str, Any]],
+                  summary: Sequence[Mapping[str, Any]], summary_path: Path) -> None:
+    """Refuse ``--runs`` that do not describe the runs of the summary, so that the report's run table and plots
+    show the runs its statistics count: a record given twice (the same file, or two records of one log with one
+    content), a record whose folder (its variant) is no group's folder of the summary, a record that is not
+    among its group's ``runs`` (by the log's path, ``file``) and a run of the summary that no record gives.
+    Groups of an older summary without ``runs`` are checked by folder only.
+
+    Raises:
+        SpeedrunError: naming the record file(s) or the group, the summary file and what was expected.
+    """
+    seen_path: dict[str, Path] = {}
+    seen_run: dict[tuple[Any, Any], Path] = {}
+    for path, record in zip(paths, records):
+        key = os.path.realpath(path)
+        if key in seen_path:
+            also = "" if str(seen_path[key]) == str(path) else f" (also as {seen_path[key]})"
+            raise SpeedrunError(f"--runs {path}: given twice{also}; expected each run record once")
+        seen_path[key] = path
+        run = (record.get("file"), record.get("content_hash"))
+        if run in seen_run:
+            raise SpeedrunError(f"--runs {path}: the same run as {seen_run[run]} (the log {run[0]}, same content); "
+                                "expected each run record once")
+        seen_run[run] = path
+    by_folder: dict[str, list[Mapping[str, Any]]] = {}
+    for g in summary:
+        by_folder.setdefault(_group_folder(g), []).append(g)
+    listed = ", ".join(g["group"] for g in summary)
+    expected = "expected the parsed runs that speedrun stats read to write this summary.json"
+    given: dict[str, set[Any]] = {}
+    for path, record in zip(paths, records):
+        groups = by_folder.get(record["variant"])
+        if not groups:
+            raise SpeedrunError(f"--runs {path}: its variant {record['variant']!r} (the record's folder) is no group "
+                                f"of --summary {summary_path} (its groups: {listed}); {expected}")
+        files = _run_files(groups)
+        if files is not None and record.get("file") not in files:
+            raise SpeedrunError(f"--runs {path}: the run of {record.get('file')} is not among the runs of group "
+                                f"{', '.join(g['group'] for g in groups)} of --summary {summary_path}; {expected} "
+                                "(this summary.json may be of another experiment or other seeds)")
+        if files is not None:
+            differs = _differences(record, files[record.get("file")])
+            if differs:
+                raise SpeedrunError(f"--runs {path}: the run of {record.get('file')} differs from that run in group "
+                                    f"{', '.join(g['group'] for g in groups)} of --summary {summary_path} ("
+                                    f"{differs}); {expected} (a log of the same path in another experiment?)")
+        given.setdefault(record["variant"], set()).add(record.get("file"))
+    for folder, groups in by_folder.items():
+        files = _run_files(groups)
+        missing = [f for f in files or () if f not in given.get(folder, set())]
+        if missing or folder not in given:
+            what = f"its run {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") \
+                if missing else "its runs"
+            raise SpeedrunError(f"--summary {summary_path}: group {', '.join(g['group'] for g in groups)} counts "
+                                f"{what}, which no record of --runs gives; {expected}, all of them")
+
+
+def _run_files(groups: Sequence[Mapping[str, Any]]) -> dict[Any, Mapping[str, Any]] | None:
+    """``file`` -> run of every run of ``groups`` (summary.json's ``runs``), ``None`` when a group lacks the key."""
+    if any("runs" not in g for g in groups):
+        return None
+    return {r.get("file"): r for g in groups for r in g["runs"]}
+
+
+# What a summary.json run shares with the parsed-run record it was read from (docs/formats.md "Statistics", runs).
+SAME_RUN_KEYS = ("status", "steps", "val_loss", "train_time_ms", "seed", "code_hash", "config_sha256")
+
+
+def _differences(record: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """``val_loss 6.91 in the record, 6.9 in the summary`` for each of :data:`SAME_RUN_KEYS` that both have and
+    that differs; empty when the record is that run."""
+    return ", ".join(f"{key} {record[key]!r} in the record, {run[key]!r} in the summary" for key in SAME_RUN_KEYS
+                     if key in record and key in run and record[key] != run[key])
+
+
+def _group_named(name: str, summary: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The groups of ``summary`` called ``name``, else those whose folder is ``name``'s last part."""
+    exact = [g for g in summary if g["group"] == name]
+    return exact or [g for g in summary if _group_folder(g) == _folder(name)]
+
+
+def check_baseline(baseline: str, summary: Sequence[Mapping[str, Any]],
+                   summary_path: Path | str = "summary.json") -> str:
+    """The summary group that ``--baseline`` names: by its name (``results/parse/baseline`` when speedrun stats
+    ran at the project root, ``baseline`` in the workflow, which runs it in ``results/parse``) or by its
+    folder's name (``baseline``). Returns the group's name.
+
+    Raises:
+        SpeedrunError: it names no group, or several (a folder split by step count), listing the group names.
+    """
+    groups = _group_named(baseline, summary)
+    if len(groups) != 1:
+        names = ", ".join(g["group"] for g in summary)
+        what = "names no group" if not groups else f"names {len(groups)} groups"
+        raise SpeedrunError(f"--baseline {baseline}: {what} of --summary {summary_path}; expected one of its "
+                            f"groups: {names}")
+    return groups[0]["group"]
+
+
+def check_comparison(path: Path, c: dict[str, Any], summary: Sequence[Mapping[str, Any]], summary_path: Path,
+                     baseline: str, target: float, alpha: float) -> dict[str, Any]:
+    """Refuse a comparison that the report's tables would contradict: computed at another ``alpha`` or
+    ``target`` than the summary's (a ``null`` target, compare without ``--target``, is fine), against another
+    baseline than ``baseline``, or with a candidate that is no group of the summary. Returns ``c`` with both
+    sides called by their summary group names (matched as ``--baseline`` is, :func:`check_baseline`).
+
+    Raises:
+        SpeedrunError: naming the comparison file, the value found and the one expected.
+    """
+    for key, value in (("alpha", alpha), ("target", target)):
+        if c.get(key) is not None and not _same(_number(c[key], f"--comparisons {path}: {key}"), value):
+            raise SpeedrunError(f"--comparisons {path}: {key} {c[key]:g}, but the statistics of --summary "
+                                f"{summary_path} are at {key} {value:g}; expected a comparison of speedrun compare "
+                                f"--{key} {value:g}")
+    names = {}
+    for side in ("baseline", "candidate"):
+        groups = _group_named(str(c[side]), summary)
+        if len(groups) != 1:
+            raise SpeedrunError(f"--comparisons {path}: its {side} {c[side]} is no group of --summary {summary_path} "
+                                f"(its groups: {', '.join(g['group'] for g in summary)}); expected a comparison of "
+                                "that experiment's runs")
+        names[side] = groups[0]["group"]
+    if names["baseline"] != baseline:
+        raise SpeedrunError(f"--comparisons {path}: compares {c['candidate']} with {c['baseline']}, not with the "
+                            f"baseline {baseline} (--baseline); expected comparisons against {baseline}")
+    return {**c, **names}
 
 
 def _read_json(path: Path) -> Any:

@@ -2,8 +2,9 @@
 
 Its results table has the columns of the public records' READMEs (2026-01-26-UntieValueEmbeddings:
 ``Runs Time μ Time σ Time +/- Time p Loss μ Loss σ Loss +/- p``) plus the step count and the runs needed for
-p < alpha; ``Time p`` is the one-sided Welch test of H1: the candidate is faster. Then the rules check, and
-scipy snippets that print every figure of the table.
+p < alpha; ``Time p`` is the one-sided Welch test of H1: the candidate is faster. A warning block first lists
+every warning of the comparison (violated rules, runs identical on both sides, runs without a train_time). Then
+the Welch lines, the rules check, and scipy snippets that print every figure of the table and both Welch lines.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from speedrun.analysis.comparison_tables import STATUS_MARK, welch_line, z_rule_lines
 from speedrun.analysis.groups import run_label
+from speedrun.analysis.rules import violations
 from speedrun.analysis.snippets import one_sample_snippet, welch_snippet
 from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, p_cell, runs_needed_cell, status_counts, test_line
 
@@ -69,7 +71,11 @@ def _accounting(s: "GroupStats", side: str) -> str:
     return f"- `{side}/`: " + ", ".join(parts) + "; `statistics.md` lists every run."
 
 
-def _snippets(base: "GroupStats", cand: "GroupStats", titles: Mapping[str, str]) -> list[str]:
+def _snippets(base: "GroupStats", cand: "GroupStats", c: "Comparison",
+              titles: Mapping[str, str]) -> list[str]:
+    """The Reproduce section: per side the one-sample t-test snippet (when it has a p-value), then the Welch
+    snippets on train_time and on val_loss (when the README's line has a p-value), each headed by the exact line
+    it prints (:mod:`speedrun.analysis.snippets`)."""
     lines = []
     for side, s in (("baseline", base), ("candidate", cand)):
         if s.test.p_value is None:
@@ -78,11 +84,34 @@ def _snippets(base: "GroupStats", cand: "GroupStats", titles: Mapping[str, str])
         times = [r.train_time_ms / 1000.0 for r in counted if r.train_time_ms is not None]
         lines += ["", f"{titles[side]}, one-sample t-test; prints `{test_line(s)}`:", "", "```python",
                   *one_sample_snippet([r.val_loss for r in counted], times, s.target).splitlines(), "```"]
+    sides = (("baseline", base), ("candidate", cand))
     times = {side: [r.train_time_ms / 1000.0 for r in s.group.counted if r.train_time_ms is not None]
-             for side, s in (("baseline", base), ("candidate", cand))}
-    if min(len(v) for v in times.values()) >= 2:
-        lines += ["", "Welch t-test on train_time (H1: the candidate is faster):", "", "```python",
-                  *welch_snippet(times["baseline"], times["candidate"], "train_time_s", "s").splitlines(), "```"]
+             for side, s in sides}
+    losses = {side: [r.val_loss for r in s.group.counted] for side, s in sides}
+    for test, values, quantity, unit, title in (
+            (c.train_time, times, "train_time_s", "s", "train_time (H1: the candidate is faster)"),
+            (c.val_loss, losses, "val_loss", "", "val_loss (H1: the candidate's mean val_loss is lower)")):
+        if test.p_value is None or min(len(v) for v in values.values()) < 2:
+            continue                                 # the README prints dashes: nothing to reproduce
+        lines += ["", f"Welch t-test on {title}; prints `{welch_line(quantity, test, unit)}`:", "", "```python",
+                  *welch_snippet(values["baseline"], values["candidate"], quantity, unit).splitlines(), "```"]
+    return lines
+
+
+def warning_lines(c: "Comparison") -> list[str]:
+    """The README's warning block: every warning of the comparison (``Comparison.warnings``, those that
+    ``speedrun compare`` lists), the violated rules first in one line, then each other warning (runs identical
+    on both sides, runs without a train_time) in its own; each a quoted paragraph followed by a blank line.
+    Empty without warnings."""
+    bad = [r for r in c.rules if r.status == "violation"]
+    lines = []
+    if bad:
+        lines += [f"> **Warning: {len(bad)} rule(s) violated**: " + "; ".join(f"{r.rule} ({r.detail})" for r in bad)
+                  + ".", ""]
+    rule_warnings = set(violations(c.rules))
+    for warning in c.warnings:
+        if warning not in rule_warnings:
+            lines += [f"> **Warning**: {warning}.", ""]
     return lines
 
 
@@ -91,10 +120,7 @@ def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Compar
     """The bundle's README.md (module docstring)."""
     target, alpha = cand.target, cand.alpha
     lines = [f"# {title}", ""]
-    bad = [r for r in c.rules if r.status == "violation"]
-    if bad:
-        lines += [f"> **Warning: {len(bad)} rule(s) violated**: " + "; ".join(f"{r.rule} ({r.detail})" for r in bad)
-                  + ".", ""]
+    lines += warning_lines(c)
     reasons = not_a_record_reasons(cand, c)
     if reasons:
         lines += ["> **Not a record claim as it stands**: the candidate " + "; ".join(reasons) + ".", ""]
@@ -116,5 +142,5 @@ def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Compar
     lines += ["", "## Runs", "", _accounting(base, "baseline"), _accounting(cand, "candidate"), "",
               "Counted runs: baseline " + ", ".join(run_label(r.file) for r in base.group.counted) + "; candidate "
               + ", ".join(run_label(r.file) for r in cand.group.counted) + "."]
-    lines += ["", "## Reproduce"] + _snippets(base, cand, titles)
+    lines += ["", "## Reproduce"] + _snippets(base, cand, c, titles)
     return "\n".join(lines) + "\n"

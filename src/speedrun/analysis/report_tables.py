@@ -168,15 +168,35 @@ def _run_name(r: Any) -> str:
     return f"{r.variant} seed {seed}"
 
 
+def _seed_cell(seed: Any) -> str:
+    """A run's seed in the run table: the integer, or a dash when the log has none (public logs; pandas makes a
+    column with a missing seed float, NaN for the missing ones)."""
+    if seed is None or (isinstance(seed, float) and math.isnan(seed)):
+        return DASH
+    return str(int(seed)) if isinstance(seed, float) and seed.is_integer() else str(seed)
+
+
 def runs_lines(runs: pd.DataFrame) -> list[str]:
-    """The run table and the incomplete runs (named by seed, or by file when the seed is unknown)."""
+    """The run table (a dash for an unknown seed) and the incomplete runs (named by seed, or by file when the seed
+    is unknown)."""
     lines = md_table(["variant", "seed", "status", "val_loss", "train_time (s)", "steps"], [
-        [r.variant, r.seed, r.status, _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps] for r in runs.itertuples()])
+        [r.variant, _seed_cell(r.seed), r.status, _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps]
+        for r in runs.itertuples()])
     incomplete = runs[runs["status"] != "complete"]
     if len(incomplete):
         lines += ["", f"**{len(incomplete)} incomplete run(s)**, not counted: " + ", ".join(
             f"{_run_name(r)} ({r.status})" for r in incomplete.itertuples())]
     return lines
+
+
+def no_comparison_line(summary: Sequence[Mapping[str, Any]], baseline: str) -> str:
+    """What the candidates section says without ``--comparisons``: that no comparison was given, and which
+    groups of the summary besides ``baseline`` are therefore not tested against it."""
+    others = [g["group"] for g in summary if g["group"] != baseline]
+    given = "No comparison was given (`--comparisons`: the .json files of `speedrun compare`)"
+    if not others:
+        return f"{given}; the summary has no group besides the baseline."
+    return f"{given}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} not tested against the baseline."
 
 
 def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Mapping[str, Any]],
@@ -196,7 +216,7 @@ def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[M
     lines += ["## Variants", ""] + variants_lines(summary, alpha)
     lines += ["", f"## Candidates against the baseline ({baseline})", ""]
     lines += (render_comparisons(comparisons, summary, alpha) if comparisons
-              else ["No candidate variant is configured."])
+              else [no_comparison_line(summary, baseline)])
     lines += ["", "## Runs", ""] + runs_lines(runs)
     table = provenance_table(records, [f"{r.get('variant', '')} {run_label(str(r.get('file', '')))}" for r in records])
     if table:
