@@ -23,8 +23,8 @@ def scipy_p(n: int, mean: float, std: float, target: float) -> float:
 
 
 def brute_runs_needed(mean, std, target, alpha, limit=2000):
-    """First n with scipy's p < alpha, by plain linear search."""
-    return next((n for n in range(2, limit) if scipy_p(n, mean, std, target) < alpha), None)
+    """First n >= 3 (the record rule reads no verdict from fewer runs) with scipy's p < alpha, by linear search."""
+    return next((n for n in range(3, limit) if scipy_p(n, mean, std, target) < alpha), None)
 
 
 means = st.floats(3.270, 3.2799)
@@ -57,6 +57,13 @@ def test_runs_needed_is_the_first_n_with_p_below_alpha(mean, std, alpha):
         assert needed is None or needed >= 2000
     else:
         assert needed == expected
+
+
+def test_runs_needed_and_for_power_are_never_below_the_rules_three_runs():
+    """An effect so clear that 2 runs would give p < alpha still needs the 3 runs below which no verdict is
+    read (a report said 'runs for p<0.01: 2' beside 'too few runs: n=2 < 3')."""
+    assert p_value_at(2, 3.0, 0.001, 3.28) < 0.01
+    assert runs_needed(3.0, 0.001, 3.28, 0.01) == 3 and runs_for_power(3.0, 0.001, 3.28, 0.01) == 3
 
 
 def test_runs_needed_by_hand():

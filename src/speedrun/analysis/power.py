@@ -7,8 +7,9 @@ numbers answer "how many runs would it take":
 * ``p_value_at(k)``: the p-value a group of ``k`` runs would get if its mean and std were exactly ``m`` and
   ``s``: ``F_{k-1}((m - target) * sqrt(k) / s)``, with ``F_v`` the Student t CDF with ``v`` degrees of
   freedom (it equals ``scipy.stats.ttest_1samp(x, target, alternative="less").pvalue`` for any ``x`` of size
-  ``k`` with that mean and std). ``runs_needed`` is the smallest ``k >= 2`` with ``p_value_at(k) < alpha``:
-  the run count at which the observed effect, if it held exactly, would pass the rule. For ``m < target``
+  ``k`` with that mean and std). ``runs_needed`` is the smallest ``k >= 3`` (:data:`MIN_RUNS`: no verdict is
+  read from fewer runs) with ``p_value_at(k) < alpha``: the run count at which the observed effect, if it held
+  exactly, would pass the rule. For ``m < target``
   ``p_value_at`` falls strictly as ``k`` grows (the statistic grows like sqrt(k) and the t tails thin), so
   ``runs_needed`` is found by bisection. It is the "expected t-statistic passes the critical value" count:
   ``(m - target) * sqrt(k) / s < t_{alpha, k-1}``.
@@ -84,13 +85,13 @@ def power_at(k: int | np.ndarray, mean: float, std: float, target: float, alpha:
 
 
 def _smallest(passes: Callable[[int], bool], max_runs: int) -> int | None:
-    """The smallest k in [2, max_runs] with ``passes(k)`` for a predicate monotone in k, else ``None``."""
-    hi = 2
+    """The smallest k in [MIN_RUNS, max_runs] with ``passes(k)`` for a predicate monotone in k, else ``None``."""
+    hi = MIN_RUNS
     while not passes(hi):
         if hi >= max_runs:
             return None
         hi = min(2 * hi, max_runs)
-    lo = max(2, hi // 2)
+    lo = max(MIN_RUNS, hi // 2)
     if passes(lo):
         return lo
     while hi - lo > 1:  # passes(hi) and not passes(lo)
@@ -100,7 +101,8 @@ def _smallest(passes: Callable[[int], bool], max_runs: int) -> int | None:
 
 
 def runs_needed(mean: float, std: float, target: float, alpha: float, max_runs: int = MAX_RUNS) -> int | None:
-    """Smallest k >= 2 with ``p_value_at(k) < alpha``; ``None`` when ``mean >= target`` or beyond ``max_runs``."""
+    """Smallest k >= :data:`MIN_RUNS` with ``p_value_at(k) < alpha``; ``None`` when ``mean >= target`` or beyond
+    ``max_runs``."""
     if mean >= target:
         return None
     return _smallest(lambda k: p_value_at(k, mean, std, target) < alpha, max_runs)
@@ -108,7 +110,8 @@ def runs_needed(mean: float, std: float, target: float, alpha: float, max_runs: 
 
 def runs_for_power(mean: float, std: float, target: float, alpha: float, power: float = DEFAULT_POWER,
                    max_runs: int = MAX_RUNS) -> int | None:
-    """Smallest k >= 2 with ``power_at(k) >= power``; ``None`` when ``mean >= target`` or beyond ``max_runs``."""
+    """Smallest k >= :data:`MIN_RUNS` with ``power_at(k) >= power``; ``None`` when ``mean >= target`` or beyond
+    ``max_runs``."""
     if mean >= target:
         return None
     return _smallest(lambda k: power_at(k, mean, std, target, alpha) >= power, max_runs)
