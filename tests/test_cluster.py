@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from cluster_support import copy_workflow, job_blocks, micro_config, resources, snakemake, wildcards
+from cluster_support import ROOT, copy_workflow, job_blocks, micro_config, resources, snakemake, wildcards
 
 # A config whose batches divide over 16 ranks (micro_batches) and whose validation divides over 16 ranks.
 GPU_TRAIN = {"device": "cuda", "world_size": 8, "tokens_per_step": 4096, "micro_batches": 16,
@@ -86,6 +87,41 @@ def test_world_size_must_split_evenly_over_nodes(tmp_path):
     assert "train.world_size 8 is not a multiple of train.nodes 3" in done.stdout
 
 
+# ---- the scheduler's GPU budget and the profiles ---------------------------------------------------------------
+
+def test_the_scheduler_holds_8_gpus_unless_a_budget_is_given(tmp_path):
+    """The Snakefile's budget of 8 GPUs is the global limit a one-node 16-GPU run is cut down to (Snakemake
+    constrains a job's resource to the global one); `--resources gpu=64` replaces it. profiles/default, read on
+    its own, still prints each job's command (printshellcmds: no -p here)."""
+    cfg = gpu_config({"big": {"seeds": [0], "train": {"world_size": 16}}})
+    cfg["stats"]["baseline"] = "big"
+    workdir = copy_workflow(tmp_path, cfg, profiles=True)
+    gpus = {}
+    for budget in ([], ["--resources", "gpu=64"]):
+        done = snakemake(workdir, "-n", "--cores", "16", "results/train/big/seed0.txt", *budget)
+        assert done.returncode == 0, done.stdout
+        assert "Using workflow specific profile profiles/default" in done.stdout
+        [job] = job_blocks(done.stdout, "train")
+        assert " run --world-size 16 --nodes 1 --device cuda " in job["shell"]
+        gpus[tuple(budget)] = resources(job)["gpu"]
+    assert gpus == {(): "8", ("--resources", "gpu=64"): "16"}
+
+
+@pytest.mark.parametrize("profile", ["slurm", "slurm-multinode"])
+def test_a_profile_on_the_command_line_keeps_its_gpu_budget(profile, monkeypatch):
+    """`--profile profiles/slurm` in the project folder: Snakemake also reads profiles/default there, and reads
+    it last, so its settings win; the Slurm profile's `resources: {gpu: 64}` must survive (it did not while
+    profiles/default held `resources: {gpu: 8}`), and the default's printed commands and failed logs stay."""
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    from snakemake.cli import parse_args
+
+    monkeypatch.chdir(ROOT)
+    shipped = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())["resources"]
+    _, args = parse_args(["--profile", f"profiles/{profile}", "-n", "report"])
+    assert {name: res.value for name, res in args.resources.items()} == shipped == {"gpu": 64}
+    assert args.printshellcmds and args.show_failed_logs and args.executor == "slurm"
+
+
 # ---- GPU runs on the local executor, with a stand-in torchrun ---------------------------------------------------
 
 FAKE_TORCHRUN = """#!{python}
@@ -108,7 +144,7 @@ with open(os.environ["TORCHRUN_RECORD"], "a") as f:
 
 @pytest.mark.slow
 def test_local_gpu_runs_share_the_machine_without_sharing_a_gpu(tmp_path):
-    """8 pretend GPUs, the default profile's gpu=8, runs of 4 GPUs (and cores for all four): the scheduler
+    """8 pretend GPUs, the Snakefile's default budget gpu=8, runs of 4 GPUs (and cores for all four): the scheduler
     starts two at a time (none waits for a GPU lock), on disjoint GPUs, seed 0 of both variants first."""
     cfg = gpu_config({"baseline": {"seeds": [0, 1]}, "candidate": {"seeds": [0, 1], "train": {"muon_lr": 0.04}}})
     cfg["train"]["world_size"] = 4

@@ -51,3 +51,18 @@ def test_a_validation_shard_alone_is_refused_naming_the_manifest(dataset):
     with pytest.raises(SpeedrunError, match=rf"^{shards / 'manifest.json'}: lists only the validation shard "
                                             r"synth_val_000000.bin and no train shard"):
         check_training_data(SETTINGS, shards, bos, what="variant 'v'")
+
+
+def test_a_shortage_of_a_fixed_corpus_advises_fewer_steps_or_a_larger_dataset(dataset):
+    """A corpus that can grow gets a shard count; the embedded one (corpus_fixed) does not: no number of its
+    shards can feed the run, so the message names the keys to lower and a larger dataset instead."""
+    shards, bos = dataset
+    cfg = {**SETTINGS, "steps": 4000}
+    with pytest.raises(SpeedrunError, match=r"Lower train.steps or train.tokens_per_step, or use more data "
+                                            r"\(about \d+ train shards\)"):
+        check_training_data(cfg, shards, bos, what="variant 'v'")
+    with pytest.raises(SpeedrunError) as refused:
+        check_training_data(cfg, shards, bos, what="variant 'v'", corpus_fixed=True)
+    assert "train shards)" not in str(refused.value)
+    assert ("Lower train.steps or train.tokens_per_step, or use a larger dataset (data.source: fineweb); this "
+            "corpus cannot grow." in str(refused.value))

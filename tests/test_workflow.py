@@ -180,7 +180,7 @@ def test_removed_seed_is_counted_nowhere(workflow, micro_config, tmp_path):
     summary = {g["group"]: g for g in json.loads((work / "results/stats/summary.json").read_text())}
     assert summary["baseline"]["n"] == 1 and [r["seed"] for r in summary["baseline"]["runs"]] == [0]
     assert summary["baseline"]["slug"] == "baseline" and summary["candidate"]["n"] == 2
-    assert "1 complete runs" in (work / "results/stats/baseline/statistics.md").read_text()
+    assert "1 complete run, step 4/4." in (work / "results/stats/baseline/statistics.md").read_text()
     for candidate in ("candidate", "unstable"):
         c = json.loads((work / f"results/stats/compare/{candidate}.json").read_text())
         assert (c["baseline"], c["candidate"], c["n_baseline"]) == ("baseline", candidate, 1)
@@ -218,10 +218,42 @@ def test_code_edit_reruns_the_stages_that_import_it(workflow, edited, reruns, ne
 
 
 def test_impossible_batch_is_refused_before_training(workflow, micro_config):
-    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["train"].update(steps=100000), "report", check=False)
+    """One line naming the config file, the variant and the keys to lower; no traceback, and no shard count
+    the embedded corpus could never reach."""
+    proc = _plan_with(workflow, micro_config, lambda cfg: cfg["train"].update(steps=1000000), "report", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "100000 steps" in out and "train shards" in out
+    assert "config.yaml: variant 'baseline': 1000000 steps" in out and "train shards of" in out
+    assert "Lower train.steps or train.tokens_per_step, or use a larger dataset (data.source: fineweb)" in out
+    assert "Traceback" not in out and "InputFunctionException" not in out and "Use about" not in out
+
+
+def test_a_default_written_out_reruns_nothing(workflow, micro_config):
+    """`dtype: auto` (the documented default) and `muon_lr: 0.05` (TrainConfig's) are the settings the runs
+    already had: the train rule's params are the resolved settings, so nothing is to be done."""
+    def edit(cfg):
+        cfg["train"]["dtype"] = "auto"
+        cfg["variants"]["baseline"]["train"] = {"muon_lr": 0.05}
+    assert _planned_jobs(_plan_with(workflow, micro_config, edit, "report")) == {}
+
+
+def test_a_multi_node_run_on_the_local_executor_is_refused_before_its_output_is_removed(workflow, micro_config):
+    """A real (not dry) run: the refusal comes before the job that would redo seed 0 removes its log."""
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["baseline"]["train"] = {"world_size": 2, "nodes": 2}
+    log = workflow / "results/train/baseline/seed0.txt"
+    before = log.read_text()
+    _write_config(workflow, cfg)
+    try:
+        proc = _snakemake(workflow, str(log.relative_to(workflow)), check=False)
+    finally:
+        _write_config(workflow, micro_config)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "variant 'baseline': train.nodes is 2, but the executor is 'local'" in out, out[-2000:]
+    assert "Traceback" not in out
+    assert log.read_text() == before
+    assert _planned_jobs(_snakemake(workflow, "-n", "report")) == {}     # no lock left behind
 
 
 def test_unknown_baseline_and_duplicate_seed_are_refused(workflow, micro_config):
@@ -252,6 +284,18 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                         r"folder.yaml: data.files.paths: in/sub.txt is not a file \(a folder\?\)"),
         "suffix.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.csv]}}\n",
                         r"suffix.yaml: data.files.paths: in/d.csv: unknown documents format '.csv'"),
+        "nodes.yaml": ("train: {nodes: 2}\n",
+                       r"nodes.yaml: variant 'baseline': train.world_size 1 is not a multiple of train.nodes 2; "
+                       r"expected world_size = nodes x processes per node"),
+        "empty.yaml": ("variants:\n  smear: {seeds: [0], train: {}}\n",
+                       r"variants smear and baseline resolve to the same train settings: variants.smear.train \{\} "
+                       r"changes nothing .*; a candidate must differ from the baseline"),
+        "default.yaml": ("variants:\n  smear: {seeds: [0], train: {muon_lr: 0.05, dtype: auto}}\n"
+                         "  other: {seeds: [0], train: {muon_lr: 0.04}}\n",
+                         r"variants smear and baseline resolve to the same train settings"),
+        "twins.yaml": ("variants:\n  a: {seeds: [0], train: {muon_lr: 0.03}}\n"
+                       "  b: {seeds: [0], train: {muon_lr: 0.03, nodes: 1}}\n",
+                       r"variants b and a resolve to the same train settings: .*each variant must differ"),
         "text.yaml": ("stats: {target: 4.6e0}\n",
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
@@ -266,3 +310,21 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         assert done.returncode != 0
         assert re.search(message, done.stdout + done.stderr), (name, (done.stdout + done.stderr)[-2000:])
         assert "Failed validating" not in done.stdout + done.stderr          # no jsonschema dump
+
+
+def test_a_run_folder_with_a_configfile_keeps_the_projects_config(tmp_path):
+    """`snakemake -s .../Snakefile -d run --configfile my.yaml`: the project's config.yaml (beside the Snakefile,
+    not in `run/`) is still read under my.yaml, so its candidate variant and shared training settings are in the
+    planned command (Snakemake skipped a configfile missing from `-d` silently when --configfile was given)."""
+    from cluster_support import copy_workflow, job_blocks, micro_config, snakemake
+
+    cfg = micro_config({"baseline": {"seeds": [0]}, "candidate": {"seeds": [0], "train": {"muon_lr": 0.0375}}})
+    workdir = copy_workflow(tmp_path / "project", cfg)
+    (tmp_path / "my.yaml").write_text("stats: {alpha: 0.05}\ntrain: {steps: 6}\n")
+    done = snakemake(tmp_path, "results/train/candidate/seed0.txt", "-n", "-p", "--cores", "2",
+                     "-s", str(workdir / "Snakefile"), "-d", "run", "--configfile", "my.yaml")
+    assert done.returncode == 0, done.stdout[-3000:]
+    [job] = job_blocks(done.stdout, "train")
+    settings = json.loads(job["shell"].split("--config '", 1)[1].split("'", 1)[0])
+    assert (settings["muon_lr"], settings["val_tokens"], settings["steps"]) == (0.0375, 2048, 6)
+    assert not (tmp_path / "run" / "config.yaml").exists()

@@ -57,7 +57,8 @@ def cut_documents_hint(fed_steps: int, tokens_per_step: int, train_tokens: int, 
             f"max_seq_len {max_seq_len} lose their tails; a larger max_seq_len uses more of them.")
 
 
-def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir: str | Path, what: str) -> None:
+def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir: str | Path, what: str,
+                        corpus_fixed: bool = False) -> None:
     """Raise :class:`SpeedrunError` unless the shards can feed the run that ``cfg`` describes.
 
     Args:
@@ -67,6 +68,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         shards_dir: the tokenize stage's folder (shards and ``manifest.json``).
         bos_dir: the bos_index stage's folder (one ``.npy`` per shard and ``manifest.json``).
         what: names the run in messages (e.g. ``"variant 'baseline'"``).
+        corpus_fixed: the corpus cannot grow (the embedded one): a shortage then advises fewer steps or
+            tokens per step, or a larger dataset, instead of more train shards.
 
     Raises:
         SpeedrunError: the batch does not divide into micro-batches; a manifest is missing, not JSON or has a
@@ -110,9 +113,11 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     if fed < steps:
         tokens = sum(lengths)
         shards_needed = math.ceil(len(train) * steps / max(fed, 1))
+        more = ("use a larger dataset (data.source: fineweb); this corpus cannot grow" if corpus_fixed
+                else f"use more data (about {shards_needed} train shards)")
         raise SpeedrunError(
             f"{what}: {steps} steps of {tokens_per_step} tokens (documents cut at max_seq_len {max_seq_len}) "
             f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "
-            f"only {fed} steps. Use about {shards_needed} train shards, or fewer steps or tokens per step."
+            f"only {fed} steps. Lower train.steps or train.tokens_per_step, or {more}."
             + cut_documents_hint(fed, tokens_per_step, tokens, max_seq_len)
         )

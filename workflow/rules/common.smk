@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError
@@ -24,7 +25,15 @@ def _shown_path(path):
     return str(path) if relative.startswith("..") else relative
 
 
-CONFIG_FILES = " + ".join(_shown_path(f) for f in workflow.configfiles) or "config.yaml"
+def _config_files_in_reading_order():
+    """The Snakefile's config.yaml first (read first), then each --configfile once, in command-line order:
+    Snakemake lists the Snakefile's own file last, and again when it is also given with --configfile."""
+    own = os.path.join(workflow.basedir, "config.yaml")
+    files = [own] + [f for f in workflow.configfiles if os.path.abspath(str(f)) != os.path.abspath(own)]
+    return list(dict.fromkeys(os.path.abspath(str(f)) for f in files))
+
+
+CONFIG_FILES = " + ".join(_shown_path(f) for f in _config_files_in_reading_order())
 
 try:                               # one line naming the files and the key, not jsonschema's dump of the schema
     validate(config, schema="../schemas/config.schema.yaml")
@@ -83,8 +92,10 @@ def get_train_config(variant):
 
 def check_train_settings():
     """Refuse, before anything runs, a variant whose training settings `speedrun train` would refuse (an
-    unknown or misspelt key, a wrong value, a batch that does not divide), naming the variant; an unknown key
-    is named where it is written (`train.<key>` or `variants.<variant>.train.<key>`)."""
+    unknown or misspelt key, a wrong value, a batch that does not divide, a world_size that does not split
+    over its nodes), naming the variant; an unknown key is named where it is written (`train.<key>` or
+    `variants.<variant>.train.<key>`). Then refuse two variants with the same resolved settings
+    (check_distinct_variants)."""
     known = sorted([f.name for f in dataclasses.fields(TrainConfig)] + ["nodes"])
     sections = [("train", config["train"])] + [(f"variants.{v}.train", config["variants"][v].get("train") or {})
                                                for v in VARIANTS]
@@ -94,14 +105,53 @@ def check_train_settings():
                 raise ValueError(f"{CONFIG_FILES}: {where}.{key}: unknown training setting; expected one of "
                                  f"{', '.join(known)}")
     for variant in VARIANTS:
-        settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
         try:
-            TrainConfig.from_dict(settings)
+            resolved_train_settings(variant)
         except SpeedrunError as e:
             raise ValueError(f"{CONFIG_FILES}: variant {variant!r}: {e}") from None
+        check_nodes(variant)
+    check_distinct_variants()
 
 
-check_train_settings()
+def resolved_train_settings(variant):
+    """Every training setting of `variant` as `speedrun train` resolves it (TrainConfig.from_dict: the
+    defaults filled in; `dtype: auto` resolved for a `cpu` or `cuda` device, as the log's `config:` header
+    shows it), without `nodes`. A dict of JSON values; raises SpeedrunError for a setting TrainConfig refuses."""
+    settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
+    resolved = TrainConfig.from_dict(settings)
+    if resolved.device in ("cpu", "cuda"):
+        resolved = resolved.resolved_for(resolved.device)
+    return json.loads(json.dumps(dataclasses.asdict(resolved)))
+
+
+def check_nodes(variant):
+    """Refuse a variant whose train.world_size does not split evenly over its train.nodes."""
+    settings = get_train_config(variant)
+    nodes, world_size = settings.get("nodes", 1), settings.get("world_size", 1)
+    if world_size % nodes:
+        raise ValueError(
+            f"{CONFIG_FILES}: variant {variant!r}: train.world_size {world_size} is not a multiple of train.nodes "
+            f"{nodes}; expected world_size = nodes x processes per node (every node runs the same number)"
+        )
+
+
+def check_distinct_variants():
+    """Refuse two variants whose resolved training settings (resolved_train_settings) are the same: their
+    runs would be the same runs under two names, and the comparison would measure nothing."""
+    seen = {}
+    for variant in [BASELINE] + CANDIDATES:
+        key = get_train_config_json_for(variant)
+        if key in seen:
+            other = seen[key]
+            overrides = json.dumps(config["variants"][variant].get("train") or {}, sort_keys=True)
+            must = ("a candidate must differ from the baseline" if other == BASELINE
+                    else "each variant must differ from the others")
+            raise ValueError(
+                f"{CONFIG_FILES}: variants {variant} and {other} resolve to the same train settings: "
+                f"variants.{variant}.train {overrides} changes nothing (each value is that of `train` or "
+                f"TrainConfig's default); {must}"
+            )
+        seen[key] = variant
 
 
 def get_train_config_json(wildcards):
@@ -213,8 +263,28 @@ def get_run_order():
 def get_train_priority(wildcards):
     """Scheduling priority of a run (higher starts first): len(runs) for the first run of get_run_order,
     down to 1 for the last; jobs of other rules keep priority 0."""
+    check_multi_node_executor(wildcards.variant)
     order = get_run_order()
     return len(order) - order.index((wildcards.variant, int(wildcards.seed)))
+
+
+def check_multi_node_executor(variant):
+    """Refuse a multi-node run (train.nodes > 1) that a run with an executor other than Slurm would start:
+    launch_train.py starts its nodes with srun inside a Slurm job. Called from get_train_priority, which
+    Snakemake evaluates for every job it will run once the DAG is built, before any job starts (so before
+    it removes the outputs of a run it redoes); fail_planning stops it without a traceback. The
+    executor is not known while the Snakefile is read, and a dry run (-n) or --touch does not say which one
+    the real run will use: those pass."""
+    executor = getattr(workflow.executor_plugin, "name", None)
+    if workflow.remote_exec or executor in (None, "slurm", "dryrun", "touch"):
+        return
+    nodes = get_train_config(variant).get("nodes", 1)
+    if nodes > 1:
+        fail_planning(
+            f"{CONFIG_FILES}: variant {variant!r}: train.nodes is {nodes}, but the executor is {executor!r}: a "
+            f"multi-node run starts inside a Slurm job; run with --profile profiles/slurm-multinode, or set "
+            f"train.nodes to 1 (world_size processes on this machine)"
+        )
 
 
 def get_bos_dir(wildcards):
@@ -236,20 +306,33 @@ _checked = set()
 DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule")
 
 
+def fail_planning(message):
+    """Stop Snakemake with `message` (logged as an error), from an input function: any Exception raised
+    there becomes an InputFunctionException, shown with a traceback and the wildcards; SystemExit passes
+    through, and Snakemake releases its lock (before any job has started, or after the running ones end)."""
+    logger.error(message)
+    raise SystemExit(1)
+
+
 def check_data_suffices(variant, shards_dir, bos_dir):
     """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed."""
     cfg = get_train_config(variant)
     key = (tuple(repr(cfg.get(k)) for k in DATA_SHAPE_KEYS), shards_dir, bos_dir)
     if key not in _checked:
-        check_training_data(cfg, shards_dir, bos_dir, what=f"variant {variant!r}")
+        try:
+            check_training_data(cfg, shards_dir, bos_dir, what=f"{CONFIG_FILES}: variant {variant!r}",
+                                corpus_fixed=config["data"]["source"] == "embedded")
+        except SpeedrunError as e:
+            fail_planning(str(e))
         _checked.add(key)
 
 
 def get_train_config_json_for(variant):
-    """The settings `speedrun train` gets: the variant's train settings without `nodes`, which places the
-    processes but does not change what they compute (a change of nodes reruns nothing)."""
-    settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
-    return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    """The settings `speedrun train` gets: the variant's resolved settings (resolved_train_settings), so that
+    a default written out (`dtype: auto`, `muon_lr: 0.05`) gives the same params and reruns nothing; without
+    `nodes`, which places the processes but does not change what they compute (a change of nodes reruns
+    nothing)."""
+    return json.dumps(resolved_train_settings(variant), sort_keys=True, separators=(",", ":"))
 
 
 # ---- parse, stats, report inputs -----------------------------------------------------------------------
@@ -285,3 +368,7 @@ def get_bundle_logs(wildcards):
 
 def get_comparisons():
     return [f"results/stats/compare/{v}.json" for v in CANDIDATES]
+
+
+# Planning-time checks of the settings (after the helpers they use are defined).
+check_train_settings()
