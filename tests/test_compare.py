@@ -320,3 +320,22 @@ def test_compare_only_reads_the_files_given(tmp_path, capsys):
     assert "not a file of the paths given" in capsys.readouterr().err
     assert cli.main(["compare", str(base), str(cand), "--only", *only[:2]]) == 2
     assert f"{cand}: holds none of the files given with --only" in capsys.readouterr().err
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_escaped(tmp_path, capsysbinary):
+    """A baseline file named `z\\xe9.txt` (not UTF-8) that duplicates another: the console note names it with a
+    backslash escape, as `speedrun stats` does, instead of a UnicodeEncodeError after the files were written."""
+    import os
+    import shutil
+
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    make_runs(base, [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
+    make_runs(cand, [(i, "complete", "cpu", v, 90.0) for i, v in enumerate([6.8, 6.85, 6.75])])
+    try:
+        shutil.copy(base / "seed0.txt", base / os.fsdecode(b"z\xe9.txt"))
+    except (OSError, UnicodeEncodeError) as e:
+        pytest.skip(f"this file system refuses a non-UTF-8 name: {e}")
+    assert cli.main(["compare", str(base), str(cand), "--json-out", str(tmp_path / "c.json")]) == 0
+    printed = capsysbinary.readouterr().out.decode("utf-8")
+    assert f"{base}/z\\xe9.txt" in printed and "\udce9" not in printed
+    assert json.loads((tmp_path / "c.json").read_text())["n_baseline"] == 3

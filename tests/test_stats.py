@@ -173,6 +173,10 @@ def test_unknown_step_counts_join_the_only_known_one(tmp_path):
     groups = collect_runs([str(tmp_path / "d")])
     assert [g.name.rsplit(" ", 2)[-2:] for g in groups] == [["[4", "steps]"], ["[6", "steps]"], ["[steps", "unknown]"]]
     assert "1 run of 4, 1 run of 6, 1 run of unknown" in groups[0].split_reason
+    text, _ = our_log(steps=10, seed=6)         # 10 sorts after 6 as a number ("10" < "6" as text)
+    write(tmp_path / "d" / "seed6.txt", text)
+    groups = collect_runs([str(tmp_path / "d")])
+    assert "1 run of 4, 1 run of 6, 1 run of 10, 1 run of unknown" in groups[0].split_reason
 
 
 def test_same_directory_twice_and_slug_collisions(tmp_path):

@@ -34,7 +34,7 @@ from speedrun.analysis.groups import CodeSplit, DuplicateKind, Group, check_only
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.rules import RuleCheck, check_rules, violations
 from speedrun.analysis.tests import Speedup, WelchTest, ZRule, missing_times, speedup, welch_test, z_rule
-from speedrun.atomic import write_json, write_text
+from speedrun.atomic import printable, write_json, write_text
 from speedrun.errors import SpeedrunError
 from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, check_alpha, check_target, strict_json
 
@@ -188,5 +188,6 @@ def main(args: argparse.Namespace) -> int:
         write_json(args.json_out, result.to_json())
     if args.markdown_out:
         write_text(args.markdown_out, comparison_markdown(result))
-    print(json.dumps(result.to_json(), indent=2) if args.json else comparison_text(result))
+    # file names that are not UTF-8 as backslash escapes, as in speedrun stats
+    print(printable(json.dumps(result.to_json(), indent=2) if args.json else comparison_text(result)))
     return 0

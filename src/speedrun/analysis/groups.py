@@ -353,8 +353,11 @@ def _split_reason(path: str, runs: list[RunRecord], split: tuple[bool, bool, boo
     for on, what, attr, unit in ((split[0], "step counts", "steps", "of"), (split[1], "GPU counts", "gpu_count", "on"),
                                  (split[2], "code versions", "code_hash", "of code")):
         if on:
-            counts = Counter("unknown" if getattr(r, attr) is None else str(getattr(r, attr))[:8] for r in runs)
-            listed = ", ".join(f"{k} run{'s' * (k != 1)} {unit} {v}" for v, k in sorted(counts.items()))
+            counts = Counter(getattr(r, attr) for r in runs)
+            # by value, so 500 steps come before 1600 (numbers, not text); unknown last
+            ordered = sorted(counts.items(), key=lambda item: (item[0] is None, 0 if item[0] is None else item[0]))
+            listed = ", ".join(f"{k} run{'s' * (k != 1)} {unit} {'unknown' if v is None else str(v)[:8]}"
+                               for v, k in ordered)
             parts.append(f"{what} differ ({listed})")
     return f"{path}: " + "; ".join(parts) if parts else None
 
