@@ -1,5 +1,6 @@
 """Grouping of runs, the record-rule t-test, and `speedrun stats` (incl. PUBLISHED.md reproduced)."""
 
+import codecs
 import gzip
 import json
 import math
@@ -199,6 +200,10 @@ def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
     [g] = collect_runs([str(tmp_path / "parse" / "v")])
     assert [(r.status, r.val_loss, r.seed) for r in g.runs] == [("complete", 6.9, 0), ("diverged", None, 1)]
     assert len(g.skipped) == 2  # the two CSV files
+    saved = tmp_path / "parse" / "v" / "seed0.json"                 # saved again by a Windows editor
+    saved.write_bytes(codecs.BOM_UTF8 + saved.read_bytes())
+    [g] = collect_runs([str(tmp_path / "parse" / "v")])
+    assert [(r.status, r.val_loss, r.seed) for r in g.runs] == [("complete", 6.9, 0), ("diverged", None, 1)]
 
 
 def test_one_log_parsed_twice_counts_once(tmp_path):

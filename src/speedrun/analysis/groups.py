@@ -32,6 +32,7 @@ its own sample (``speedrun compare`` warns about runs shared by its two sides).
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -166,8 +167,8 @@ def _load(path: str | Path) -> tuple[RunRecord | None, str]:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SpeedrunError(f"{path}: cannot read ({e.strerror or e})") from None
-    if data.lstrip()[:1] == b"{":
-        run = _json_run(data, path)
+    if data.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":     # a UTF-8 BOM: what Windows editors write
+        run = _json_run(data.removeprefix(codecs.BOM_UTF8), path)
     else:
         run = None if sniff_format(data) is None else record_from_bytes(data, path)
     return (run, "") if run is not None else (None, skip_reason(data, path))
@@ -186,6 +187,7 @@ def skip_reason(data: bytes, path: str | os.PathLike[str] | None = None) -> str:
     if reason != NOT_A_LOG:
         return reason
     suffix = Path(path).suffix.lower() if path is not None else ""
+    data = data.removeprefix(codecs.BOM_UTF8)
     if suffix == ".json" or data.lstrip()[:1] in (b"{", b"["):
         try:
             json.loads(data)
