@@ -6,11 +6,16 @@ import os
 
 from snakemake.utils import min_version
 
+from speedrun.planning import check_config_syntax
+
 min_version("9.27")
 
-
 # The project's own config.yaml, beside this Snakefile, also under `-d DIR` (a path relative to DIR would be
-# skipped silently when --configfile is given); --configfile files are read on top of it.
+# skipped silently when --configfile is given); --configfile files are read on top of it. A YAML error in it is
+# named with its line first (Snakemake's own message names neither file nor line).
+check_config_syntax(os.path.join(workflow.basedir, "config.yaml"))
+
+
 configfile: os.path.join(workflow.basedir, "config.yaml")
 
 

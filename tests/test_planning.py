@@ -9,7 +9,7 @@ import json
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.planning import check_training_data
+from speedrun.planning import check_config_syntax, check_training_data
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
@@ -66,3 +66,24 @@ def test_a_shortage_of_a_fixed_corpus_advises_fewer_steps_or_a_larger_dataset(da
     assert "train shards)" not in str(refused.value)
     assert ("Lower train.steps or train.tokens_per_step, or use a larger dataset (data.source: fineweb); this "
             "corpus cannot grow." in str(refused.value))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("variants:\n  baseline: {seeds: [0, 1}\n",
+     r"config.yaml: not valid YAML: line 2, column 26: while parsing a flow sequence; expected ',' or ']', "
+     r"but got '}'$"),
+    ("train:\n\tsteps: 10\n",
+     r"config.yaml: not valid YAML: line 2, column 1: .*found character '\\t' .*\(YAML indents with spaces, "
+     r"not tabs\)$"),
+    ("stats: [\n  1\n",
+     r"line 3, column 1: while parsing a flow sequence \(line 1, column 8\); expected ',' or ']'"),
+])
+def test_a_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path, text, message):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(SpeedrunError, match=message) as refused:
+        check_config_syntax(path)
+    assert str(refused.value).startswith(f"{path}: not valid YAML: ")
+    path.write_text("train: {steps: 10}\n")
+    check_config_syntax(path)                                    # valid YAML passes
+    check_config_syntax(tmp_path / "absent.yaml")                # Snakemake names a missing file itself

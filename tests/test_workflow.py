@@ -328,3 +328,19 @@ def test_a_run_folder_with_a_configfile_keeps_the_projects_config(tmp_path):
     settings = json.loads(job["shell"].split("--config '", 1)[1].split("'", 1)[0])
     assert (settings["muon_lr"], settings["val_tokens"], settings["steps"]) == (0.0375, 2048, 6)
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
+    """Snakemake's own message ("Config file is not valid JSON or YAML") names neither the file nor the line;
+    the Snakefile checks its config.yaml first."""
+    from cluster_support import copy_workflow, micro_config, snakemake
+
+    workdir = copy_workflow(tmp_path, micro_config({"baseline": {"seeds": [0]}}))
+    with open(workdir / "config.yaml", "a") as f:
+        f.write("report: {plots: [loss\n")
+    done = snakemake(workdir, "-n", "--cores", "1", "report")
+    out = done.stdout                                                    # stderr joined into stdout
+    assert done.returncode != 0
+    lines = (workdir / "config.yaml").read_text().count("\n")
+    assert re.search(rf"config.yaml: not valid YAML: line {lines + 1}, column 1: while parsing a flow sequence "
+                     rf"\(line {lines}, column 17\); expected ',' or ']'", out), out[-2000:]

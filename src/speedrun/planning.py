@@ -36,6 +36,34 @@ def schema_error_message(config_files: str, error: BaseException) -> str:
     return f"{config_files}: {key}: {found.message}{number_text_hint(found.instance)}"
 
 
+def check_config_syntax(path: str | Path) -> None:
+    """Raise :class:`SpeedrunError` naming ``path``, line and column if the YAML file at ``path`` does not
+    parse. Snakemake's own message ("Config file is not valid JSON or YAML") names neither the file nor the
+    line; the Snakefile calls this for its config.yaml before Snakemake reads it. A missing file passes
+    (Snakemake reports it)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpeedrunError(f"{path}: cannot read the config file ({e})") from None
+    try:
+        yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        at = e.problem_mark or e.context_mark
+        where = f"line {at.line + 1}, column {at.column + 1}: " if at else ""
+        context = e.context or ""
+        if e.context_mark and e.problem_mark and e.context_mark.line != e.problem_mark.line:
+            context += f" (line {e.context_mark.line + 1}, column {e.context_mark.column + 1})"
+        what = "; ".join(p for p in (context, e.problem) if p)
+        tabs = " (YAML indents with spaces, not tabs)" if "character '\\t'" in str(e) else ""
+        raise SpeedrunError(f"{path}: not valid YAML: {where}{what}{tabs}") from None
+    except yaml.YAMLError as e:
+        raise SpeedrunError(f"{path}: not valid YAML: {e}") from None
+
+
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
     if key not in cfg:
         raise SpeedrunError(f"{what}: training setting `{key}` is missing (expected an integer)")
