@@ -219,9 +219,9 @@ def get_train_threads(wildcards):
 
 
 def get_train_gpus(wildcards):
-    """GPUs a one-node run holds: the `gpu` resource, which a global limit (profiles/default) counts so
-    that GPU runs never share GPUs, and which Slurm gets as sbatch --gpus. 0 for a CPU run, and for a
-    multi-node run, which asks for GPUs per node instead (get_train_gres)."""
+    """GPUs a one-node run holds: the `gpu` resource, which a global limit (the Snakefile's gpu=8, or
+    --resources gpu=N) counts so that GPU runs never share GPUs, and which Slurm gets as sbatch --gpus. 0 for
+    a CPU run, and for a multi-node run, which asks for GPUs per node instead (get_train_gres)."""
     return get_world_size(wildcards) if is_gpu_run(wildcards) and not is_multi_node(wildcards) else 0
 
 
