@@ -49,3 +49,16 @@ def test_summary_and_comparison_keys_are_documented(tmp_path):
     assert documented(c["speedup"], compare_doc) == [] and documented(c["z_rule"]["baseline"], compare_doc) == []
     assert documented(c["rules"][0], compare_doc) == []
     assert all(f"`{r['rule']}`" in compare_doc for r in c["rules"])
+
+
+def test_report_runs_csv_columns_are_documented(tmp_path):
+    from speedrun.parse import parse_to_files
+    from speedrun.report import load_runs, mark_counted
+
+    make(tmp_path)
+    parse_to_files(str(tmp_path / "b" / "seed0.txt"), str(tmp_path / "p" / "seed0.csv"),
+                   str(tmp_path / "p" / "seed0.json"))
+    runs, _ = load_runs([tmp_path / "p" / "seed0.json"])
+    runs = mark_counted(runs, summary=[])
+    assert list(runs.columns)[-2:] == ["duplicate_of", "counted"]
+    assert documented(runs.columns, section("Report")) == []

@@ -160,8 +160,15 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
     assert report.main(args) == 0
     for name in ("val_loss.png", "val_loss_band.png", "final_val_loss.png", "distributions.png", "p_value_by_n.png"):
         assert png_ok(out / name), name
-    assert len(pd.read_csv(out / "runs.csv")) == 5
-    assert "## Provenance" in (out / "summary.md").read_text()
+    written = pd.read_csv(out / "runs.csv")
+    assert list(written["counted"]) == [True, True, False, True, False]
+    assert list(written["duplicate_of"].fillna("")) == ["", "", "baseline/seed0.txt", "", ""]
+    text = (out / "summary.md").read_text()
+    assert "## Provenance" in text
+    # the duplicate is marked in its row and listed as not counted, as statistics.md and compare do
+    assert "| baseline | 2 | complete, duplicate of seed0 | 6.1000 | 61.50 | 20 |" in text
+    assert "**1 duplicate run(s)**, not counted: baseline seed 2 (of seed0)" in text
+    assert "| baseline | 0 | complete | 6.1000 | 61.00 | 20 |" in text
 
 
 def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_within_the_rules():

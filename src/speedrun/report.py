@@ -10,7 +10,8 @@ Outputs (all written atomically):
   the one-sided t-test against the target (never a bare p with fewer than 3 runs), the runs needed for
   p < alpha, the train_time; each candidate against the baseline with its rules check; every run with its
   status (incomplete runs are listed, never counted); the runs' provenance.
-- ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, file).
+- ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, file, duplicate_of,
+  counted).
 - ``val_loss.png``: val_loss against step for every run, whole run and the last part zoomed.
 - ``val_loss_band.png``: per variant, mean val_loss over the counted runs and the min-max band, zoomed too.
 - ``final_val_loss.png``: final val_loss of each complete run per variant, mean and std, the target.
@@ -38,7 +39,7 @@ from speedrun.stats import DEFAULT_ALPHA, check_alpha, check_target
 
 __all__ = ["add_arguments", "main", "report_settings", "check_records", "check_baseline", "check_comparison",
            "load_runs", "read_record", "read_records", "read_summary", "read_comparison",
-           "counted", "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss",
+           "counted", "mark_counted", "render_summary", "plot_val_loss", "plot_val_loss_band", "plot_final_val_loss",
            "plot_distributions", "plot_p_value_by_n"]
 
 
@@ -72,12 +73,13 @@ def main(args: argparse.Namespace) -> int:
     comparisons = [check_comparison(Path(p), c, summary, summary_path, baseline, target, alpha)
                    for p, c in zip(args.comparisons, comparisons)]
     runs, curves = load_runs(paths)
+    runs = mark_counted(runs, summary)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs.csv") as f:
         runs.to_csv(f, index=False)
     write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records))
-    mask = counted(runs, summary)
+    mask = runs["counted"]
     plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction)
     plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", target,
                        args.zoom_last_fraction)
@@ -402,6 +404,13 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
     curve_frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=["step", "val_loss", "variant", "seed", "run"])
     return runs, curve_frame
+
+
+def mark_counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``runs`` with two more columns: ``duplicate_of`` (the log a duplicate repeats, from the groups'
+    ``duplicates`` in summary.json; empty for the others) and ``counted`` (:func:`counted`)."""
+    originals = {f: of for g in summary for f, of in (g.get("duplicates") or {}).items()}
+    return runs.assign(duplicate_of=runs["file"].map(originals), counted=counted(runs, summary))
 
 
 def counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd.Series:

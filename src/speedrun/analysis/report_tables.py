@@ -176,16 +176,32 @@ def _seed_cell(seed: Any) -> str:
     return str(int(seed)) if isinstance(seed, float) and seed.is_integer() else str(seed)
 
 
+def _duplicate_of(r: Any) -> str | None:
+    """The log a run repeats (the ``duplicate_of`` column of :func:`speedrun.report.mark_counted`), or None."""
+    of = getattr(r, "duplicate_of", None)
+    return of if isinstance(of, str) and of else None
+
+
+def _status_cell(r: Any) -> str:
+    """A run's status, with ``duplicate of <run>`` for a complete run that repeats another's log."""
+    of = _duplicate_of(r)
+    return f"{r.status}, duplicate of {run_label(of)}" if of else r.status
+
+
 def runs_lines(runs: pd.DataFrame) -> list[str]:
-    """The run table (a dash for an unknown seed) and the incomplete runs (named by seed, or by file when the seed
-    is unknown)."""
+    """The run table (a dash for an unknown seed; a duplicate marked in its status) and the runs not counted:
+    incomplete ones and duplicates (named by seed, or by file when the seed is unknown)."""
     lines = md_table(["variant", "seed", "status", "val_loss", "train_time (s)", "steps"], [
-        [r.variant, _seed_cell(r.seed), r.status, _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps]
+        [r.variant, _seed_cell(r.seed), _status_cell(r), _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps]
         for r in runs.itertuples()])
-    incomplete = runs[runs["status"] != "complete"]
-    if len(incomplete):
+    incomplete = [r for r in runs.itertuples() if r.status != "complete"]
+    if incomplete:
         lines += ["", f"**{len(incomplete)} incomplete run(s)**, not counted: " + ", ".join(
-            f"{_run_name(r)} ({r.status})" for r in incomplete.itertuples())]
+            f"{_run_name(r)} ({r.status})" for r in incomplete)]
+    duplicates = [r for r in runs.itertuples() if r.status == "complete" and _duplicate_of(r)]
+    if duplicates:
+        lines += ["", f"**{len(duplicates)} duplicate run(s)**, not counted: " + ", ".join(
+            f"{_run_name(r)} (of {run_label(_duplicate_of(r))})" for r in duplicates)]
     return lines
 
 
