@@ -63,10 +63,23 @@ def test_jsonl_and_txt(tmp_path):
     assert list(iter_text_batches(tmp_path / "page.txt")) == [[TEXTS[2]]]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_text(tmp_path):
+    """UTF-8 files saved by Windows editors start with a BOM (EF BB BF): not a character of the first document
+    (tiktoken would make it 3 tokens) and not a JSON error."""
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "d.txt").write_bytes(bom + "Hello world".encode())
+    (tmp_path / "d.jsonl").write_bytes(bom + b'{"text": "Hello"}\n{"text": "world"}\n')
+    assert list(iter_text_batches(tmp_path / "d.txt")) == [["Hello world"]]
+    assert list(iter_text_batches(tmp_path / "d.jsonl")) == [["Hello", "world"]]
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("d.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', r"d.jsonl: line 2 is not UTF-8"),
     ("d.jsonl", b'{"text": "ok"}\n{"text": \n', r"d.jsonl: line 2 is not JSON"),
     ("d.jsonl", b'{"body": "ok"}\n', r"d.jsonl: line 1 has no 'text' field"),
+    ("d.jsonl", b'["ok"]\n', r"d.jsonl: line 1 is a JSON array, expected an object with a 'text' field"),
+    ("d.jsonl", b'{"text": "ok"}\n"ok"\n', r"d.jsonl: line 2 is a JSON string, expected an object"),
+    ("d.txt", b"\xef\xbb\xbfcaf\xe9", r"d.txt: not UTF-8 text \(byte 6"),
     ("d.jsonl", b'{"text": ""}\n', r"d.jsonl: the text of line 1 is empty"),
     ("d.jsonl", b'{"text": 7}\n', r"d.jsonl: the text of line 1 is a int"),
     ("d.jsonl", b'{"text": "a\\ud800b"}\n', r"d.jsonl: the text of line 1 is not valid Unicode"),
@@ -200,6 +213,11 @@ def test_pretokenized_shards_are_taken_as_they_are(tmp_path):
     ({"fineweb_train_000001.bin": shard_bytes([BOS, 1], count=5)}, r"header says 5 tokens, so 1034 bytes"),
     ({"fineweb_train_000002.bin": shard_bytes([BOS, 50257, 1])}, r"train_000002.bin: token 1 is 50257"),
     ({"fineweb_train_000002.bin": b"\x00" * 100}, r"shorter than the 1024-byte shard header"),
+    ({"fineweb_train_000002.bin": shard_bytes([])}, r"train_000002.bin: holds no tokens \(its header says 0\)"),
+    ({"fineweb_train_000002.bin": shard_bytes([1, 2, 3])},
+     r"train_000002.bin: 3 tokens but no BOS token \(50256\), so no document starts in it"),
+    ({"fineweb_train_000002.bin": shard_bytes([BOS], count=-5)},
+     r"train_000002.bin: header token count is -5; expected a count of 0 or more"),
 ])
 def test_bad_pretokenized_shard(tmp_path, bad, message):
     with pytest.raises(SpeedrunError, match=message):

@@ -261,7 +261,7 @@ def _manifest(documents: str, dataset: str, shard_tokens: int, count: int,
     total = sum(e["tokens"] for e in entries)
     if len(entries) < 2:
         raise SpeedrunError(
-            f"{documents}: {count} documents make {total} tokens, at most one shard of "
+            f"{documents}: {_count(count, 'document')} make {total} tokens, at most one shard of "
             f"shard_tokens={shard_tokens}: no train shard after the validation shard; "
             "lower data.shard_tokens or add documents"
         )
@@ -289,6 +289,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-column", default="text", help="parquet column or JSON field of the text")
     parser.add_argument("--threads", type=int, default=1,
                         help="worker processes that encode (default 1; at most the CPUs this process may use)")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 document``, ``3 documents``."""
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def usable_cpus() -> int:
@@ -340,7 +345,7 @@ def _run(args: argparse.Namespace) -> None:
     threads = _capped_threads(args.threads) if args.documents is not None else args.threads
     if args.out_stream is not None:
         count, tokens = tokenize_to_stream(args.documents[0], args.out_stream, threads, args.text_column)
-        print(f"wrote {tokens} tokens of {count} documents of {args.documents[0]} to {args.out_stream}")
+        print(f"wrote {tokens} tokens of {_count(count, 'document')} of {args.documents[0]} to {args.out_stream}")
         return
     if args.documents is not None:
         manifest = tokenize_documents(args.documents, args.dataset, args.shard_tokens, args.out_dir, threads,
@@ -350,4 +355,4 @@ def _run(args: argparse.Namespace) -> None:
     else:
         manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir, args.allow_repeats)
     print(f"wrote {len(manifest['shards'])} shards, {manifest['total_tokens']} tokens of "
-          f"{manifest['documents']} documents to {args.out_dir}")
+          f"{_count(manifest['documents'], 'document')} to {args.out_dir}")

@@ -7,6 +7,8 @@ The texts come out in file order, ``rows_per_batch`` at a time, so a 2 GB FineWe
 - ``.jsonl`` / ``.ndjson``: one JSON object per line, its string field ``text_column``;
 - ``.txt``: the whole file is one document.
 
+A UTF-8 byte order mark at the start of a ``.txt`` or ``.jsonl`` file (as Windows editors write) is skipped.
+
 Every document must be a non-empty, valid Unicode string: a null, empty or non-string text, a line that is not
 JSON, bytes that are not UTF-8, a lone surrogate (``"\\ud800"`` in JSON) or a corrupt or truncated parquet file
 raise :class:`~speedrun.errors.SpeedrunError` naming the file and the row (or line).
@@ -14,6 +16,7 @@ raise :class:`~speedrun.errors.SpeedrunError` naming the file and the row (or li
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Iterator, Literal
@@ -73,10 +76,13 @@ def _checked(path: Path, text: object, where: str) -> str:
 
 
 def _read_utf8(path: Path) -> str:
+    """The file's text; a UTF-8 byte order mark at its start (Windows editors write one) is not part of it."""
+    data = path.read_bytes()
+    skipped = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return path.read_bytes().decode("utf-8")
+        return data[skipped:].decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpeedrunError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        raise SpeedrunError(f"{path}: not UTF-8 text (byte {skipped + e.start}: {e.reason})") from None
 
 
 def _parquet_batches(path: Path, text_column: str, rows_per_batch: int) -> Iterator[list[str]]:
@@ -111,6 +117,8 @@ def _jsonl_batches(path: Path, text_column: str, rows_per_batch: int) -> Iterato
     batch: list[str] = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)   # a byte order mark (Windows editors) is not JSON
             if not raw.strip():
                 continue
             try:
@@ -119,7 +127,10 @@ def _jsonl_batches(path: Path, text_column: str, rows_per_batch: int) -> Iterato
                 raise SpeedrunError(f"{path}: line {number} is not UTF-8 (byte {e.start}: {e.reason})") from None
             except json.JSONDecodeError as e:
                 raise SpeedrunError(f"{path}: line {number} is not JSON ({e.msg})") from None
-            if not isinstance(record, dict) or text_column not in record:
+            if not isinstance(record, dict):
+                raise SpeedrunError(f"{path}: line {number} is a JSON {_json_kind(record)}, expected an object "
+                                    f"with a {text_column!r} field")
+            if text_column not in record:
                 raise SpeedrunError(f"{path}: line {number} has no {text_column!r} field")
             batch.append(_checked(path, record[text_column], f"line {number}"))
             if len(batch) == rows_per_batch:
@@ -127,3 +138,14 @@ def _jsonl_batches(path: Path, text_column: str, rows_per_batch: int) -> Iterato
                 batch = []
     if batch:
         yield batch
+
+
+def _json_kind(value: object) -> str:
+    """The JSON name of a decoded value's type: array, string, number, boolean or null."""
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"

@@ -126,12 +126,18 @@ def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path,
     ``{dataset}_train_000001.bin``, ...; return their manifest entries (``file, split, tokens, sha256,
     documents``). ``allow_repeats``: a train shard may be given more than once (read that many times over).
     Raises :class:`SpeedrunError` for a missing file, a file given twice (the validation shard: even with
-    ``allow_repeats``), a wrong order or a bad shard (see :func:`scan_shard`)."""
+    ``allow_repeats``), a wrong order, a bad shard (see :func:`scan_shard`) or one with no tokens or no BOS."""
     shards = [Path(p) for p in shards]
     _check_order(shards, allow_repeats)
     entries = []
     for index, source in enumerate(shards):
         scanned = scan_shard(source)
+        if scanned["tokens"] == 0:
+            raise SpeedrunError(f"{source}: holds no tokens (its header says 0); expected a shard of GPT-2 documents")
+        if scanned["documents"] == 0:
+            raise SpeedrunError(f"{source}: {scanned['tokens']} tokens but no BOS token ({BOS_ID}), so no document "
+                                "starts in it; expected documents that each begin with BOS (the BOS-aligned loader "
+                                "and validation start sequences there)")
         name = shard_filename(dataset, index)
         link_or_copy(source, out_dir / name)
         entries.append({"file": name, "split": "val" if index == 0 else "train", "tokens": scanned["tokens"],

@@ -84,8 +84,10 @@ def read_header(path: str | os.PathLike[str]) -> int:
         raise SpeedrunError(f"{path}: not a token shard: header magic {magic}, expected {MAGIC}")
     if version != VERSION:
         raise SpeedrunError(f"{path}: unsupported shard version {version}, expected {VERSION}")
+    if count < 0:
+        raise SpeedrunError(f"{path}: header token count is {count}; expected a count of 0 or more")
     expected = HEADER_BYTES + 2 * count
-    if count < 0 or size != expected:
+    if size != expected:
         raise SpeedrunError(
             f"{path}: header says {count} tokens, so {expected} bytes, but the file holds {size} bytes"
         )
