@@ -261,7 +261,7 @@ def _manifest(documents: str, dataset: str, shard_tokens: int, count: int,
     total = sum(e["tokens"] for e in entries)
     if len(entries) < 2:
         raise SpeedrunError(
-            f"{documents}: {_count(count, 'document')} make {total} tokens, at most one shard of "
+            f"{documents}: {total} tokens ({_count(count, 'document')}) fill at most one shard of "
             f"shard_tokens={shard_tokens}: no train shard after the validation shard; "
             "lower data.shard_tokens or add documents"
         )
