@@ -352,3 +352,25 @@ def test_reference_bundle_warns_about_a_baseline_log_among_the_candidates(tmp_pa
     shutil.copy(next(iter(sorted((folder / "baseline").glob("*.txt")))), cand / "from-baseline.txt")
     out = build_bundle(str(folder / "baseline"), str(cand), tmp_path / "bundle")
     assert IDENTICAL.format(n=1) in _warning_block((out / "README.md").read_text())
+
+
+def test_a_file_that_is_not_a_run_is_named_as_not_bundled(tmp_path, capsys):
+    """A .txt that is no training log (a modded log cut inside its code dump reads so) and a README in the
+    candidate's log folder: the .txt is named with its reason in the README's run accounting and on the
+    console (it was dropped silently); the README.md stays quiet, as in speedrun stats."""
+    base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
+    make_side(tmp_path, "candidate", [6.80, 6.84, 6.79], 0.04)
+    logs = tmp_path / "train" / "candidate"
+    write(logs / "cut.txt", "import torch\nimport os\n")
+    write(logs / "README.md", "# notes\n")
+    out = tmp_path / "bundle"
+    assert cli.main(["bundle", "--baseline", str(tmp_path / "train" / "baseline"), "--candidate", str(logs),
+                     "--out", str(out), "--target", "7"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    line = "- not bundled from `candidate/`: cut.txt (not a training log (no 'speedrun:' header, no step:/s: lines"
+    assert len(printed) == 2 and printed[0].startswith(line) and printed[1] == f"bundle written to {out}"
+    readme = (out / "README.md").read_text()
+    assert printed[0] in readme.split("## Runs", 1)[1].splitlines() and "README.md (" not in readme
+    assert sorted(p.name for p in (out / "candidate").iterdir()) == ["seed0.txt", "seed1.txt", "seed2.txt",
+                                                                   "statistics.md"]
+    assert base.is_dir()

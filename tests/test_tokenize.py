@@ -220,7 +220,8 @@ def test_cli(tmp_path, capsys):
     assert cli_main(args[:-4] + ["--out-dir", str(out), "--threads", "0"]) == 2
     assert "threads must be >= 1" in capsys.readouterr().err
     (tmp_path / "one.txt").write_text("Hello world " * 5)
-    assert cli_main(["tokenize", "--documents", str(tmp_path / "one.txt"), "--out-stream", str(tmp_path / "s.bin")]) == 0
+    one = ["tokenize", "--documents", str(tmp_path / "one.txt"), "--out-stream", str(tmp_path / "s.bin")]
+    assert cli_main(one) == 0
     assert "wrote 12 tokens of 1 document of" in capsys.readouterr().out          # not "1 documents"
 
 

@@ -339,7 +339,8 @@ def test_too_few_tokens_name_the_documents_of_the_streams(tmp_path, capsys):
                           "one shard of shard_tokens=10: no train shard after the validation shard")
     assert "a.bin" not in err
     assert cli_main(base) == 2                                            # without the sources: the streams
-    assert f"error: {streams[0]}, {streams[1]}: 6 tokens (2 documents) fill at most one shard" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"error: {streams[0]}, {streams[1]}: 6 tokens (2 documents) fill at most one shard" in err
     assert cli_main([*base, "--stream-sources", str(files[0])]) == 2
     assert ("1 stream sources for 2 token streams (--stream-sources, --streams); expected the documents file of "
             "each stream") in capsys.readouterr().err

@@ -33,12 +33,14 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from speedrun.analysis.bundle_readme import bundle_readme, left_out_lines
 from speedrun.analysis.groups import CodeSplit, Group, check_only
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.provenance import sha256
-from speedrun.atomic import write_text
+from speedrun.analysis.tables import NOTED_SUFFIXES
+from speedrun.atomic import printable, write_text
 from speedrun.compare import Comparison, compare_groups, one_group
 from speedrun.errors import SpeedrunError
 from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, check_alpha, check_target, group_stats
@@ -48,10 +50,11 @@ SIDES = ("baseline", "candidate")
 
 def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, target: float = DEFAULT_TARGET,
                  alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool",
-                 only: Sequence[str] | None = None) -> Path:
+                 only: Sequence[str] | None = None, announce: Callable[[str], None] | None = None) -> Path:
     """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``
     (with ``only``, just the files listed there, as ``speedrun compare --only``: the workflow passes the
-    configured seeds, so that a stale run of a removed seed is not bundled).
+    configured seeds, so that a stale run of a removed seed is not bundled). ``announce`` gets each line of the
+    README that names files of a side's folder left out as not runs (the CLI prints them).
 
     Returns the folder's path.
 
@@ -74,7 +77,9 @@ def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, 
         stats = {side: group_stats(g, target, alpha) for side, g in groups.items()}
         comparison = compare_groups(groups["baseline"], groups["candidate"], alpha, target)
         names = {side: Path(sources[side].path).name or side for side in SIDES}
-        _write_texts(tmp, stats, comparison, names, title or f"{names['candidate']} vs {names['baseline']}")
+        not_bundled = left_out(sources)
+        _write_texts(tmp, stats, comparison, names, title or f"{names['candidate']} vs {names['baseline']}",
+                     not_bundled)
         tmp.chmod(0o777 & ~_umask())
         if final.is_dir():
             final.rmdir()
@@ -82,6 +87,8 @@ def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for line in left_out_lines(not_bundled) if announce else ():
+        announce(line)
     return final
 
 
@@ -205,8 +212,23 @@ def _relative(group: Group, root: Path, side: str) -> Group:
                    duplicate_of=tuple(map(rel, group.duplicate_of)))
 
 
-def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str) -> None:
-    from speedrun.analysis.bundle_readme import bundle_readme
+def left_out(sources: Mapping[str, Group]) -> dict[str, list[tuple[str, str]]]:
+    """Per side, the files of its folder that look like logs or parsed runs but are not runs
+    (``Group.skipped`` with a suffix of ``NOTED_SUFFIXES``, as ``speedrun stats`` notes them: a cut or
+    unreadable log, a corrupt ``.json``), so not copied: (the file's path relative to the side's folder, why it
+    is not a run). README.md and the CSVs beside parsed runs are not named."""
+    def name(path: str, group: Group) -> str:
+        relative = os.path.relpath(path, group.path) if os.path.isdir(group.path) else os.path.basename(path)
+        return relative if not relative.startswith("..") else path
+
+    return {side: [(name(f, g), why or "not a training log or parsed-run .json")
+                   for f, why in zip(g.skipped, g.skip_reasons)
+                   if any(x.lower() in NOTED_SUFFIXES for x in Path(f).suffixes)]
+            for side, g in sources.items()}
+
+
+def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str,
+                 not_bundled: Mapping[str, Sequence[tuple[str, str]]]) -> None:
     from speedrun.analysis.comparison_tables import vs_baseline_lines
     from speedrun.analysis.tables import statistics_markdown
 
@@ -214,7 +236,8 @@ def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names:
     extra = {"baseline": [], "candidate": vs_baseline_lines(c, "baseline", "candidate")}
     for side in SIDES:
         write_text(root / side / "statistics.md", statistics_markdown(stats[side], titles[side], extra[side]))
-    write_text(root / "README.md", bundle_readme(title, stats["baseline"], stats["candidate"], c, titles))
+    write_text(root / "README.md", bundle_readme(title, stats["baseline"], stats["candidate"], c, titles,
+                                                 not_bundled))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,6 +261,7 @@ def main(args: argparse.Namespace) -> int:
     check_alpha(args.alpha)
     check_target(args.target)
     out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
-                       title=args.title, code_split="split" if args.split_code else "pool", only=args.only)
+                       title=args.title, code_split="split" if args.split_code else "pool", only=args.only,
+                       announce=lambda line: print(printable(line)))
     print(f"bundle written to {out}")
     return 0

@@ -9,7 +9,7 @@ the Welch lines, the rules check, and scipy snippets that print every figure of 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from speedrun.analysis.comparison_tables import STATUS_MARK, welch_line, z_rule_lines
 from speedrun.analysis.groups import run_label
@@ -115,9 +115,17 @@ def warning_lines(c: "Comparison") -> list[str]:
     return lines
 
 
+def left_out_lines(left_out: Mapping[str, Sequence[tuple[str, str]]]) -> list[str]:
+    """``- not bundled from `baseline/`: notes.md (not a training log or parsed-run .json: a .md file)``: per
+    side, each file of the side's folder that is not a run, with why (``left_out``: side -> (file, reason))."""
+    return [f"- not bundled from `{side}/`: " + "; ".join(f"{name} ({reason})" for name, reason in files)
+            for side, files in left_out.items() if files]
+
+
 def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Comparison",
-                  titles: Mapping[str, str]) -> str:
-    """The bundle's README.md (module docstring)."""
+                  titles: Mapping[str, str], left_out: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> str:
+    """The bundle's README.md (module docstring). ``left_out``: per side, the files of its folder that are not
+    runs and were not copied, with why (:func:`left_out_lines`)."""
     target, alpha = cand.target, cand.alpha
     lines = [f"# {title}", ""]
     lines += warning_lines(c)
@@ -139,7 +147,8 @@ def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Compar
     z_lines = [f"- {line}" for line in z_rule_lines(c)]
     lines += ([""] + z_lines if z_lines else []) + ["", "## Rules check", ""] + md_table(["rule", "status", "detail"],
                                                    [[r.rule, STATUS_MARK[r.status], r.detail] for r in c.rules])
-    lines += ["", "## Runs", "", _accounting(base, "baseline"), _accounting(cand, "candidate"), "",
+    lines += ["", "## Runs", "", _accounting(base, "baseline"), _accounting(cand, "candidate"),
+              *left_out_lines(left_out or {}), "",
               "Counted runs: baseline " + ", ".join(run_label(r.file) for r in base.group.counted) + "; candidate "
               + ", ".join(run_label(r.file) for r in cand.group.counted) + "."]
     lines += ["", "## Reproduce"] + _snippets(base, cand, c, titles)
