@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -171,6 +172,9 @@ def test_fineweb_gpt2_source(hub: HubServer, tmp_path: Path) -> None:
     assert failed.returncode != 0
     logs = list((workdir / "logs/download/kjj0--fineweb10B-gpt2/v99").glob("*.bin.log"))
     assert logs and all("revision not found" in log.read_text() for log in logs)
+    failed_outputs = re.findall(r"Error in rule download_shard:.*?output: (\S+)", failed.stdout + failed.stderr,
+                                re.S)
+    assert failed_outputs and len(failed_outputs) == len(set(failed_outputs))   # a final error: not run again
     assert {p.name: p.read_bytes() for p in (downloads / "main").iterdir()} == {n: GPT2_FILES[n] for n in names}
     assert not list((downloads / "v99").glob("*.bin"))
     cfg["data"]["fineweb_gpt2"]["revision"] = "main"

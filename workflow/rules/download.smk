@@ -2,6 +2,9 @@
 # so that files download in parallel, a finished file is never fetched again and a failed job leaves nothing
 # under its output name (`speedrun download` stages and checks the file before renaming it).
 # Cap parallel downloads with `--resources hub_downloads=N`; nothing here runs at planning time on the network.
+# No Snakemake `retries`: `speedrun download` retries transient failures itself (429, 408, 5xx, connection
+# errors, with backoff: speedrun.hub.with_retries), so a job that fails failed for good (a missing file, a
+# gated repository, a hash mismatch) and is not run twice more.
 # A file lies at results/download/<owner>--<name>/<revision, percent-encoded>/<path in repo> (download_path), so
 # a config naming another revision of the same repository downloads beside, never over, the files of the first.
 from speedrun.download import (
@@ -74,7 +77,6 @@ rule download_parquet:
     params:
         repo=get_download_repo,
         revision=get_download_revision,
-    retries: 2
     resources:
         hub_downloads=1,
     log:
@@ -94,7 +96,6 @@ rule download_shard:
     params:
         repo=get_download_repo,
         revision=get_download_revision,
-    retries: 2
     resources:
         hub_downloads=1,
     log:
