@@ -150,6 +150,19 @@ def test_second_run_does_nothing(workflow):
     assert _planned_jobs(_snakemake(workflow, "-n", "report")) == {}
 
 
+def test_new_data_retrains_every_run(workflow, micro_config):
+    """A new data.name (here with other shards) builds its own shards and BOS index and retrains every run:
+    the old runs were trained on other data. Snakemake said "Nothing to be done" while the new BOS index (a
+    checkpoint) did not exist yet and the runs' logs did."""
+    def edit(cfg):
+        cfg["data"].update(name="shakespeare2", shard_tokens=cfg["data"]["shard_tokens"] // 2)
+    proc = _plan_with(workflow, micro_config, edit, "-p", "report")
+    jobs = _planned_jobs(proc)
+    runs = sum(len(v["seeds"]) for v in micro_config["variants"].values())
+    assert (jobs["corpus"], jobs["tokenize"], jobs["bos_index"], jobs["train"], jobs["parse"]) == (1, 1, 1, runs, runs)
+    assert proc.stdout.count("--shards-dir results/shards/shakespeare2 --bos-dir results/bos_index/shakespeare2") == runs
+
+
 def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
     proc = _plan_with(workflow, micro_config,
                       lambda cfg: cfg["variants"]["candidate"]["train"].update(muon_lr=0.03), "report")

@@ -294,6 +294,13 @@ def get_bos_dir(wildcards):
             f"seed {wildcards.seed} is not a seed of variant {wildcards.variant!r} in config.yaml "
             f"(its seeds: {get_seeds(wildcards.variant)})"
         )
+    bos_dir = f"results/bos_index/{DATASET}"
+    if not os.path.exists(bos_dir) and os.path.exists(f"results/train/{wildcards.variant}/seed{wildcards.seed}.txt"):
+        # A run trained on other data (data.name changed): Snakemake does not rerun a job whose output exists
+        # while an input waits for a checkpoint that has not run (it looks at such a job again only after the
+        # checkpoint ran, and nothing then asks for the checkpoint): "Nothing to be done". As a plain input the
+        # BOS index is built and the run redone; speedrun train checks that the data feed its steps at start.
+        return bos_dir
     bos_dir = checkpoints.bos_index.get(dataset=DATASET).output[0]
     check_data_suffices(wildcards.variant, get_shards_dir(wildcards), bos_dir)
     return bos_dir
