@@ -139,7 +139,8 @@ def test_cuda_only_attention_backends_are_refused_on_a_cpu():
     assert cpu.model_config().attention_backend == "sdpa_docs"
 
 
-@pytest.mark.parametrize("key, text, written", [("adam_eps", "1e-10", "1.0e-10"), ("muon_lr", "5e-2", "0.05")])
+@pytest.mark.parametrize("key, text, written", [("adam_eps", "1e-10", "1.0e-10"), ("muon_lr", "5e-2", "0.05"),
+                                                ("steps", "1e3", "1000")])
 def test_a_number_yaml_reads_as_text_is_named_with_the_way_to_write_it(key, text, written):
     """PyYAML (YAML 1.1) reads 1e-10 as a string; the error says so and how to write the number."""
     settings = yaml.safe_load(f"{key}: {text}")
@@ -147,6 +148,14 @@ def test_a_number_yaml_reads_as_text_is_named_with_the_way_to_write_it(key, text
     with pytest.raises(SpeedrunError, match=rf"train\.{key} .* YAML reads {text} as a string; write it as {written}"):
         TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64, **settings})
     assert yaml.safe_load(f"{key}: {written}")[key] == float(text)
+    TrainConfig.from_dict({"preset": "tiny", "steps": 2, "tokens_per_step": 64, key: yaml.safe_load(written)})
+
+
+def test_a_quoted_whole_number_is_to_be_written_as_an_integer():
+    """`steps: "10"`: the hint said `write 10.0 without quotes`, which steps (an integer) refuses."""
+    with pytest.raises(SpeedrunError, match=r"train\.steps .*\(text, not a number: write 10 without quotes\)"):
+        TrainConfig.from_dict({"preset": "tiny", "steps": "10", "tokens_per_step": 64})
+    TrainConfig.from_dict({"preset": "tiny", "steps": 10, "tokens_per_step": 64})
 
 
 def test_a_schema_error_is_one_line_naming_the_files_the_key_and_the_way_to_write_a_number():

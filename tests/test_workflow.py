@@ -309,6 +309,19 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "twins.yaml": ("variants:\n  a: {seeds: [0], train: {muon_lr: 0.03}}\n"
                        "  b: {seeds: [0], train: {muon_lr: 0.03, nodes: 1}}\n",
                        r"variants b and a resolve to the same train settings: .*each variant must differ"),
+        "nodes0.yaml": ("variants:\n  v: {seeds: [0], train: {nodes: 0}}\nstats: {baseline: v}\n",
+                        r"nodes0.yaml: variant 'v': train.nodes must be an integer >= 1, got 0\n"),
+        "nodestext.yaml": ("variants:\n  v: {seeds: [0], train: {nodes: '2'}}\nstats: {baseline: v}\n",
+                           r"variant 'v': train.nodes must be an integer >= 1, got '2' \(text, not a number: "
+                           r"write 2 without quotes\)"),
+        "seedfloat.yaml": ("variants:\n  v: {seeds: [1.0]}\nstats: {baseline: v}\n",
+                           r"seedfloat.yaml: variants.v.seeds: 1.0 is not an integer; write 1\n"),
+        "seedbig.yaml": ("variants:\n  v: {seeds: [18446744073709551616]}\nstats: {baseline: v}\n",
+                         r"variants.v.seeds.0: 18446744073709551616 is greater than the maximum of "
+                         r"18446744073709551615"),
+        "reserved.yaml": ("variants:\n  compare: {seeds: [0], train: {muon_lr: 0.04}}\n",
+                          r"reserved.yaml: variants.compare: 'compare' is reserved \(results/stats/compare/ holds "
+                          r"the comparisons\)"),
         "text.yaml": ("stats: {target: 4.6e0}\n",
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),

@@ -20,7 +20,8 @@ class SpeedrunError(Exception):
 def number_text_hint(value: Any) -> str:
     """A hint for a number that arrived as text, for error messages: YAML 1.1 (PyYAML, Snakemake's config)
     reads ``1e-10`` (no decimal point) or ``4.6e0`` (no exponent sign) as a string, and a quoted number is
-    text too; the hint says how to write it so that YAML reads a float. Empty for anything else."""
+    text too; the hint says how to write it so that YAML reads a number: a whole number as an integer (which
+    integer and float settings both take), any other as a float. Empty for anything else."""
     if not isinstance(value, str):
         return ""
     try:
@@ -29,8 +30,11 @@ def number_text_hint(value: Any) -> str:
         return ""
     if not math.isfinite(number):
         return ""
-    mantissa, e, exponent = repr(number).partition("e")
-    written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent       # 1e-10 -> 1.0e-10
+    if number.is_integer() and abs(number) < 1e15:
+        written = str(int(number))                   # "10" -> 10, 1e3 -> 1000: an integer setting takes it
+    else:
+        mantissa, e, exponent = repr(number).partition("e")
+        written = (mantissa if "." in mantissa else mantissa + ".0") + e + exponent   # 1e-10 -> 1.0e-10
     if isinstance(yaml.safe_load(value), str):
         return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
     return f" (text, not a number: write {written} without quotes)"

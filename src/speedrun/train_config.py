@@ -396,7 +396,7 @@ def _written(value: Any) -> str:
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise SpeedrunError(f"train.{name} must be an integer >= {minimum}, got {value!r}")
+        raise SpeedrunError(f"train.{name} must be an integer >= {minimum}, got {value!r}{number_text_hint(value)}")
 
 
 def _check_number(name: str, value: Any, low: float, high: float, open_high: bool = False) -> None:

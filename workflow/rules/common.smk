@@ -9,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.planning import check_training_data, schema_error_message
 from speedrun.sources import module_files
 from speedrun.train_config import TrainConfig
@@ -50,6 +50,16 @@ if BASELINE not in config["variants"]:
         f"expected one of the keys of `variants`: {', '.join(VARIANTS)}"
     )
 CANDIDATES = [v for v in VARIANTS if v != BASELINE]
+
+# results/stats/compare/ holds the comparisons: a variant of that name would share its folder with them.
+if "compare" in VARIANTS:
+    raise ValueError(f"{CONFIG_FILES}: variants.compare: 'compare' is reserved (results/stats/compare/ holds the "
+                     "comparisons); choose another variant name")
+for _variant in VARIANTS:       # YAML reads 1.0 as a float, which the schema's integer type accepts
+    for _seed in config["variants"][_variant]["seeds"]:
+        if not isinstance(_seed, int) or isinstance(_seed, bool):
+            raise ValueError(f"{CONFIG_FILES}: variants.{_variant}.seeds: {_seed!r} is not an integer; write "
+                             f"{int(_seed) if float(_seed).is_integer() else 'a whole number'}")
 
 
 wildcard_constraints:
@@ -128,6 +138,9 @@ def check_nodes(variant):
     """Refuse a variant whose train.world_size does not split evenly over its train.nodes."""
     settings = get_train_config(variant)
     nodes, world_size = settings.get("nodes", 1), settings.get("world_size", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise ValueError(f"{CONFIG_FILES}: variant {variant!r}: train.nodes must be an integer >= 1, got "
+                         f"{nodes!r}{number_text_hint(nodes)}")
     if world_size % nodes:
         raise ValueError(
             f"{CONFIG_FILES}: variant {variant!r}: train.world_size {world_size} is not a multiple of train.nodes "
