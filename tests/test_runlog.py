@@ -57,3 +57,19 @@ def test_tracked_changes_make_the_tree_dirty(repo, change):
 
 def test_outside_a_work_tree_gives_nothing(tmp_path):
     assert code_version(tmp_path) == {}
+
+
+def test_a_log_path_that_is_a_folder_is_refused_before_training(tmp_path):
+    """`speedrun train --out <folder>` trained the whole run, then failed at the rename and left the temporary
+    log behind: the run log now refuses the folder when it is opened, before the first step."""
+    from speedrun.errors import SpeedrunError
+    from speedrun.runlog import RunLog
+
+    with pytest.raises(SpeedrunError, match=rf"^{tmp_path}: is a folder; expected the training log's file name"):
+        RunLog(tmp_path, echo=False)
+    assert list(tmp_path.iterdir()) == []
+    log = RunLog(tmp_path / "seed0.txt", echo=False)
+    log.write("step:0/1 val_loss:10.8 train_time:0ms step_avg:0.00ms")
+    log.finish()
+    assert (tmp_path / "seed0.txt").read_text() == "step:0/1 val_loss:10.8 train_time:0ms step_avg:0.00ms\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["seed0.txt"]

@@ -25,6 +25,8 @@ from typing import Any, Mapping, TextIO
 
 import torch
 
+from speedrun.errors import SpeedrunError
+
 SEPARATOR = "=" * 100
 
 
@@ -125,6 +127,9 @@ class RunLog:
         self._file: TextIO | None = None
         self.tmp_path: Path | None = None
         if self.path is not None:
+            if self.path.is_dir():       # found now, not when the finished run's log is renamed
+                raise SpeedrunError(f"{self.path}: is a folder; expected the training log's file name "
+                                    "(results/train/<variant>/seed<N>.txt)")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
             self.tmp_path = Path(name)
@@ -149,5 +154,9 @@ class RunLog:
         self._file = None
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(self.tmp_path, 0o666 & ~umask)            # mkstemp makes 0600
-        os.replace(self.tmp_path, self.path)
+        try:
+            os.chmod(self.tmp_path, 0o666 & ~umask)            # mkstemp makes 0600
+            os.replace(self.tmp_path, self.path)
+        except OSError as e:                                   # no temporary log left behind
+            self.tmp_path.unlink(missing_ok=True)
+            raise SpeedrunError(f"{self.path}: cannot write the training log ({e.strerror or e})") from None
