@@ -147,3 +147,11 @@ def test_parse_and_stats_say_the_same_of_a_compressed_or_utf16_log(runs, tmp_pat
         assert _one_line(capsys) == f"speedrun parse: error: {path}: {reason}"
         assert cli.main(["stats", str(path)]) == 2
         assert _one_line(capsys) == f"speedrun stats: error: {path}: {reason}"
+
+
+def test_parse_refuses_a_folder_as_output_before_writing_anything(runs, tmp_path, capsys):
+    """`speedrun parse LOG --json DIR --csv p.csv` failed on the JSON after writing p.csv: now refused first."""
+    log = next(runs.glob("*.txt"))
+    assert cli.main(["parse", str(log), "--json", str(tmp_path), "--csv", str(tmp_path / "p.csv")]) == 2
+    assert _one_line(capsys) == f"speedrun parse: error: --json {tmp_path}: is a folder; expected a file name"
+    assert not (tmp_path / "p.csv").exists()

@@ -615,3 +615,15 @@ def test_report_settings_of_older_or_mixed_summaries(tmp_path):
         report.report_settings(mixed, path, None, None)
     with pytest.raises(SpeedrunError, match=rf"^--summary {path}: group a: alpha: 'x' is not a number$"):
         report.report_settings([{"group": "a", "target": 3.28, "alpha": "x"}], path, None, None)
+
+
+@pytest.mark.parametrize("zoom", [0.0, 2.0, float("nan")])
+def test_a_zoom_fraction_outside_0_1_is_refused_before_anything_is_written(paths, tmp_path, zoom):
+    """config.yaml's schema takes report.zoom_last_fraction in (0, 1]; the CLI took 2 and drew an empty panel."""
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    args = argparse.Namespace(runs=[str(p) for p in paths], summary=str(tmp_path / "summary.json"), comparisons=[],
+                              baseline="baseline", target=None, alpha=None, zoom_last_fraction=zoom,
+                              out_dir=str(tmp_path / "report"))
+    with pytest.raises(SpeedrunError, match=r"--zoom-last-fraction must be in \(0, 1\]"):
+        report.main(args)
+    assert not (tmp_path / "report").exists()

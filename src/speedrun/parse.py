@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -17,6 +18,7 @@ import pandas as pd
 
 from speedrun.analysis.logs import METRIC_COLUMNS, RunRecord, parse_log
 from speedrun.atomic import atomic_open, write_text
+from speedrun.errors import SpeedrunError
 
 
 def write_metrics_csv(metrics: pd.DataFrame, f: Any) -> None:
@@ -34,8 +36,12 @@ def parse_to_files(log: str, csv_path: str | None = None, json_path: str | None 
     """Parse ``log``; write the metrics CSV and/or record JSON atomically; return the record's JSON text.
 
     Raises:
-        SpeedrunError: ``log`` cannot be read or is not a training log.
+        SpeedrunError: ``log`` cannot be read or is not a training log; an output path is a folder (checked
+            before anything is written, so a refused call leaves neither file).
     """
+    for path, what in ((csv_path, "--csv"), (json_path, "--json")):
+        if path and os.path.isdir(path):
+            raise SpeedrunError(f"{what} {path}: is a folder; expected a file name")
     parsed = parse_log(log)
     text = record_to_json_text(parsed.record)
     if csv_path:

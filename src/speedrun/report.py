@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not 0 < args.zoom_last_fraction <= 1:       # as config.yaml's report.zoom_last_fraction (the schema)
+        raise SpeedrunError(f"--zoom-last-fraction must be in (0, 1] (the last fraction of training the zoomed "
+                            f"panels show), got {args.zoom_last_fraction}")
     paths = [Path(p) for p in args.runs]
     summary_path = Path(args.summary)
     summary = read_summary(summary_path)
