@@ -75,6 +75,10 @@ def test_a_shortage_of_a_fixed_corpus_advises_fewer_steps_or_a_larger_dataset(da
     ("train:\n\tsteps: 10\n",
      r"config.yaml: not valid YAML: line 2, column 1: .*found character '\\t' .*\(YAML indents with spaces, "
      r"not tabs\)$"),
+    ("variants:\n  baseline:\n    seeds: [0]\n  baseline:\n    seeds: [1]\n",
+     r"config.yaml: not valid YAML: line 4, column 3: key 'baseline' given twice in one mapping \(first at line "
+     r"2\); the second would replace the first$"),
+    ("train: {steps: 10, steps: 20}\n", r"line 1, column 20: key 'steps' given twice in one mapping"),
     ("stats: [\n  1\n",
      r"line 3, column 1: while parsing a flow sequence \(line 1, column 8\); expected ',' or ']'"),
 ])

@@ -36,11 +36,32 @@ def schema_error_message(config_files: str, error: BaseException) -> str:
     return f"{config_files}: {key}: {found.message}{number_text_hint(found.instance)}"
 
 
+def _unique_keys_loader() -> type:
+    """A YAML SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently: a
+    variant renamed to the name of another replaced it)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice in one mapping (first at line {seen[key] + 1}); the "
+                        "second would replace the first", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
 def check_config_syntax(path: str | Path) -> None:
     """Raise :class:`SpeedrunError` naming ``path``, line and column if the YAML file at ``path`` does not
-    parse. Snakemake's own message ("Config file is not valid JSON or YAML") names neither the file nor the
-    line; the Snakefile calls this for its config.yaml before Snakemake reads it. A missing file passes
-    (Snakemake reports it)."""
+    parse or gives a key twice in one mapping. Snakemake's own message ("Config file is not valid JSON or
+    YAML") names neither the file nor the line, and it keeps the last of two equal keys silently; the
+    Snakefile calls this for its config.yaml before Snakemake reads it. A missing file passes (Snakemake
+    reports it)."""
     import yaml
 
     try:
@@ -50,7 +71,7 @@ def check_config_syntax(path: str | Path) -> None:
     except (OSError, UnicodeDecodeError) as e:
         raise SpeedrunError(f"{path}: cannot read the config file ({e})") from None
     try:
-        yaml.safe_load(text)
+        yaml.load(text, Loader=_unique_keys_loader())
     except yaml.MarkedYAMLError as e:
         at = e.problem_mark or e.context_mark
         where = f"line {at.line + 1}, column {at.column + 1}: " if at else ""
