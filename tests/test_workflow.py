@@ -242,11 +242,12 @@ def test_impossible_batch_is_refused_before_training(workflow, micro_config):
 
 
 def test_a_default_written_out_reruns_nothing(workflow, micro_config):
-    """`dtype: auto` (the documented default) and `muon_lr: 0.05` (TrainConfig's) are the settings the runs
-    already had: the train rule's params are the resolved settings, so nothing is to be done."""
+    """`dtype: auto` (the documented default), `muon_lr: 0.05` (TrainConfig's) and `model: {n_layer: 4}` (the
+    tiny preset's) are the settings the runs already had: the train rule's params are the resolved settings,
+    so nothing is to be done."""
     def edit(cfg):
         cfg["train"]["dtype"] = "auto"
-        cfg["variants"]["baseline"]["train"] = {"muon_lr": 0.05}
+        cfg["variants"]["baseline"]["train"] = {"muon_lr": 0.05, "model": {"n_layer": 4}}   # the tiny preset's
     assert _planned_jobs(_plan_with(workflow, micro_config, edit, "report")) == {}
 
 
@@ -306,6 +307,8 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "default.yaml": ("variants:\n  smear: {seeds: [0], train: {muon_lr: 0.05, dtype: auto}}\n"
                          "  other: {seeds: [0], train: {muon_lr: 0.04}}\n",
                          r"variants smear and baseline resolve to the same train settings"),
+        "presetvalue.yaml": ("variants:\n  deep: {seeds: [0], train: {model: {n_layer: 4}}}\n",
+                             r"variants deep and baseline resolve to the same train settings"),
         "twins.yaml": ("variants:\n  a: {seeds: [0], train: {muon_lr: 0.03}}\n"
                        "  b: {seeds: [0], train: {muon_lr: 0.03, nodes: 1}}\n",
                        r"variants b and a resolve to the same train settings: .*each variant must differ"),

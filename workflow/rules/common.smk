@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.planning import check_training_data, schema_error_message
 from speedrun.sources import module_files
+from speedrun.model.config import PRESETS
 from speedrun.train_config import TrainConfig
 
 
@@ -126,12 +127,23 @@ def check_train_settings():
 def resolved_train_settings(variant):
     """Every training setting of `variant` as `speedrun train` resolves it (TrainConfig.from_dict: the
     defaults filled in; `dtype: auto` resolved for a `cpu` or `cuda` device, as the log's `config:` header
-    shows it), without `nodes`. A dict of JSON values; raises SpeedrunError for a setting TrainConfig refuses."""
+    shows it; a `model` override equal to the preset's value left out), without `nodes`. A dict of JSON
+    values; raises SpeedrunError for a setting TrainConfig refuses."""
     settings = {k: v for k, v in get_train_config(variant).items() if k != "nodes"}
     resolved = TrainConfig.from_dict(settings)
     if resolved.device in ("cpu", "cuda"):
         resolved = resolved.resolved_for(resolved.device)
-    return json.loads(json.dumps(dataclasses.asdict(resolved)))
+    resolved = json.loads(json.dumps(dataclasses.asdict(resolved)))
+    resolved["model"] = model_overrides_that_change(resolved["preset"], resolved["model"])
+    return resolved
+
+
+def model_overrides_that_change(preset, overrides):
+    """The `model` overrides whose value differs from the preset's (`n_layer: 4` on the tiny preset changes
+    nothing). `rotary_positions` always stays: written out, it stops the rotary tables being sized to the
+    schedule (TrainConfig.model_config)."""
+    defaults = json.loads(json.dumps(dataclasses.asdict(PRESETS[preset])))
+    return {k: v for k, v in overrides.items() if k == "rotary_positions" or defaults.get(k, object()) != v}
 
 
 def check_nodes(variant):
