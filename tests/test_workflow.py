@@ -299,7 +299,8 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "suffix.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.csv]}}\n",
                         r"suffix.yaml: data.files.paths: in/d.csv: unknown documents format '.csv'"),
         "nodes.yaml": ("train: {nodes: 2}\n",
-                       r"nodes.yaml: variant 'baseline': train.world_size 1 is not a multiple of train.nodes 2; "
+                       r"nodes.yaml: the shared `train` section \(every variant\): train.world_size 1 is not a "
+                       r"multiple of train.nodes 2; "
                        r"expected world_size = nodes x processes per node"),
         "empty.yaml": ("variants:\n  smear: {seeds: [0], train: {}}\n",
                        r"variants smear and baseline resolve to the same train settings: variants.smear.train \{\} "
@@ -325,6 +326,9 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "reserved.yaml": ("variants:\n  compare: {seeds: [0], train: {muon_lr: 0.04}}\n",
                           r"reserved.yaml: variants.compare: 'compare' is reserved \(results/stats/compare/ holds "
                           r"the comparisons\)"),
+        "sharedsteps.yaml": ("train: {steps: 10.0}\n",
+                             r"sharedsteps.yaml: the shared `train` section \(every variant\): train.steps must "
+                             r"be an integer >= 1, got 10.0"),
         "text.yaml": ("stats: {target: 4.6e0}\n",
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
@@ -373,3 +377,14 @@ def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     lines = (workdir / "config.yaml").read_text().count("\n")
     assert re.search(rf"config.yaml: not valid YAML: line {lines + 1}, column 1: while parsing a flow sequence "
                      rf"\(line {lines}, column 17\); expected ',' or ']'", out), out[-2000:]
+
+
+def test_a_target_of_an_unknown_seed_is_one_line(workflow, micro_config):
+    """`snakemake results/train/baseline/seed5.txt` for a seed the config does not list: one line naming the
+    config file and the variant's seeds (it was an InputFunctionException with a traceback)."""
+    seeds = micro_config["variants"]["baseline"]["seeds"]
+    proc = _snakemake(workflow, "-n", "results/train/baseline/seed99.txt", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"seed 99 is not a seed of variant 'baseline' in config.yaml (its seeds: {seeds})" in out
+    assert "Traceback" not in out and "InputFunctionException" not in out

@@ -20,6 +20,16 @@ from speedrun.train_config import TrainConfig
 # jobs find them there when that environment is not activated (appended: a PATH entry the user put first wins).
 os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
 
+def fail_planning(message):
+    """Stop Snakemake with `message`, one line logged as an error: a refused config or target, while the
+    Snakefile is read or from an input function. A ValueError would print Snakemake's frames of this file
+    under the message, and from an input function an InputFunctionException with a traceback; SystemExit
+    passes through, and Snakemake releases its lock (before any job has started, or after the running ones
+    end)."""
+    logger.error(message)
+    raise SystemExit(1)
+
+
 # The files this config came from, for messages: config.yaml and any --configfile (later ones win).
 def _shown_path(path):
     relative = os.path.relpath(str(path))
@@ -39,14 +49,14 @@ CONFIG_FILES = " + ".join(_shown_path(f) for f in _config_files_in_reading_order
 try:                               # one line naming the files and the key, not jsonschema's dump of the schema
     validate(config, schema="../schemas/config.schema.yaml")
 except WorkflowError as error:
-    raise ValueError(schema_error_message(CONFIG_FILES, error)) from None
+    fail_planning(schema_error_message(CONFIG_FILES, error))
 
 DATASET = config["data"]["name"]
 VARIANTS = list(config["variants"])
 BASELINE = config["stats"]["baseline"]
 
 if BASELINE not in config["variants"]:
-    raise ValueError(
+    fail_planning(
         f"{CONFIG_FILES}: stats.baseline is {BASELINE!r}, which is not a variant; "
         f"expected one of the keys of `variants`: {', '.join(VARIANTS)}"
     )
@@ -54,13 +64,13 @@ CANDIDATES = [v for v in VARIANTS if v != BASELINE]
 
 # results/stats/compare/ holds the comparisons: a variant of that name would share its folder with them.
 if "compare" in VARIANTS:
-    raise ValueError(f"{CONFIG_FILES}: variants.compare: 'compare' is reserved (results/stats/compare/ holds the "
-                     "comparisons); choose another variant name")
+    fail_planning(f"{CONFIG_FILES}: variants.compare: 'compare' is reserved (results/stats/compare/ holds the "
+                  "comparisons); choose another variant name")
 for _variant in VARIANTS:       # YAML reads 1.0 as a float, which the schema's integer type accepts
     for _seed in config["variants"][_variant]["seeds"]:
         if not isinstance(_seed, int) or isinstance(_seed, bool):
-            raise ValueError(f"{CONFIG_FILES}: variants.{_variant}.seeds: {_seed!r} is not an integer; write "
-                             f"{int(_seed) if float(_seed).is_integer() else 'a whole number'}")
+            fail_planning(f"{CONFIG_FILES}: variants.{_variant}.seeds: {_seed!r} is not an integer; write "
+                          f"{int(_seed) if float(_seed).is_integer() else 'a whole number'}")
 
 
 wildcard_constraints:
@@ -97,7 +107,7 @@ def merge(base, overrides):
 def get_train_config(variant):
     """The resolved training settings of `variant`: the shared `train` section with its overrides."""
     if variant not in config["variants"]:
-        raise ValueError(f"unknown variant {variant!r}: {CONFIG_FILES} `variants` has {', '.join(VARIANTS)}")
+        fail_planning(f"unknown variant {variant!r}: {CONFIG_FILES} `variants` has {', '.join(VARIANTS)}")
     return merge(config["train"], config["variants"][variant].get("train", {}))
 
 
@@ -113,15 +123,25 @@ def check_train_settings():
     for where, section in sections:
         for key in section:
             if key not in known:
-                raise ValueError(f"{CONFIG_FILES}: {where}.{key}: unknown training setting; expected one of "
-                                 f"{', '.join(known)}")
+                fail_planning(f"{CONFIG_FILES}: {where}.{key}: unknown training setting; expected one of "
+                              f"{', '.join(known)}")
+    try:
+        TrainConfig.from_dict({k: v for k, v in config["train"].items() if k != "nodes"})
+        shared_error = None
+    except SpeedrunError as e:
+        shared_error = str(e)
     for variant in VARIANTS:
         try:
             resolved_train_settings(variant)
         except SpeedrunError as e:
-            raise ValueError(f"{CONFIG_FILES}: variant {variant!r}: {e}") from None
+            where = SHARED_TRAIN if str(e) == shared_error else f"variant {variant!r}"
+            fail_planning(f"{CONFIG_FILES}: {where}: {e}")
         check_nodes(variant)
     check_distinct_variants()
+
+
+# Where a refused training setting is written when no variant overrides it.
+SHARED_TRAIN = "the shared `train` section (every variant)"
 
 
 def resolved_train_settings(variant):
@@ -150,12 +170,14 @@ def check_nodes(variant):
     """Refuse a variant whose train.world_size does not split evenly over its train.nodes."""
     settings = get_train_config(variant)
     nodes, world_size = settings.get("nodes", 1), settings.get("world_size", 1)
+    overrides = config["variants"][variant].get("train") or {}
+    where = f"variant {variant!r}" if {"nodes", "world_size"} & overrides.keys() else SHARED_TRAIN
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise ValueError(f"{CONFIG_FILES}: variant {variant!r}: train.nodes must be an integer >= 1, got "
-                         f"{nodes!r}{number_text_hint(nodes)}")
+        fail_planning(f"{CONFIG_FILES}: {where}: train.nodes must be an integer >= 1, got "
+                      f"{nodes!r}{number_text_hint(nodes)}")
     if world_size % nodes:
-        raise ValueError(
-            f"{CONFIG_FILES}: variant {variant!r}: train.world_size {world_size} is not a multiple of train.nodes "
+        fail_planning(
+            f"{CONFIG_FILES}: {where}: train.world_size {world_size} is not a multiple of train.nodes "
             f"{nodes}; expected world_size = nodes x processes per node (every node runs the same number)"
         )
 
@@ -171,7 +193,7 @@ def check_distinct_variants():
             overrides = json.dumps(config["variants"][variant].get("train") or {}, sort_keys=True)
             must = ("a candidate must differ from the baseline" if other == BASELINE
                     else "each variant must differ from the others")
-            raise ValueError(
+            fail_planning(
                 f"{CONFIG_FILES}: variants {variant} and {other} resolve to the same train settings: "
                 f"variants.{variant}.train {overrides} changes nothing (each value is that of `train` or "
                 f"TrainConfig's default); {must}"
@@ -215,7 +237,7 @@ def get_train_nodes(wildcards):
     nodes = int(get_train_config(wildcards.variant).get("nodes", 1))
     world_size = get_world_size(wildcards)
     if world_size % nodes:
-        raise ValueError(
+        fail_planning(
             f"variant {wildcards.variant!r}: train.world_size {world_size} is not a multiple of train.nodes "
             f"{nodes} (every node runs the same number of processes)"
         )
@@ -315,8 +337,8 @@ def check_multi_node_executor(variant):
 def get_bos_dir(wildcards):
     """The BOS index folder (a checkpoint), after checking that the data can feed the variant's run."""
     if int(wildcards.seed) not in get_seeds(wildcards.variant):
-        raise ValueError(
-            f"seed {wildcards.seed} is not a seed of variant {wildcards.variant!r} in config.yaml "
+        fail_planning(
+            f"seed {wildcards.seed} is not a seed of variant {wildcards.variant!r} in {CONFIG_FILES} "
             f"(its seeds: {get_seeds(wildcards.variant)})"
         )
     bos_dir = f"results/bos_index/{DATASET}"
@@ -336,14 +358,6 @@ _checked = set()
 # optimizer or model settings only) share one simulation of the loader, which takes about a second at
 # FineWeb scale (3,200 steps over 2.4B tokens).
 DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule")
-
-
-def fail_planning(message):
-    """Stop Snakemake with `message` (logged as an error), from an input function: any Exception raised
-    there becomes an InputFunctionException, shown with a traceback and the wildcards; SystemExit passes
-    through, and Snakemake releases its lock (before any job has started, or after the running ones end)."""
-    logger.error(message)
-    raise SystemExit(1)
 
 
 def check_data_suffices(variant, shards_dir, bos_dir):
@@ -389,7 +403,7 @@ def get_compare_records(wildcards):
 
 def get_candidate_records(wildcards):
     if wildcards.variant == BASELINE:
-        raise ValueError(f"variant {BASELINE!r} is the baseline: it is not compared with itself")
+        fail_planning(f"variant {BASELINE!r} is the baseline: it is not compared with itself")
     return get_parsed("json", wildcards.variant)
 
 

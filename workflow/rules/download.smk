@@ -46,7 +46,7 @@ def get_download_section(wildcards):
     wanted = f"{wildcards.repo_slug}/{wildcards.revision_slug}"
     configured = f"{repo_slug(section['repo'])}/{revision_slug(section['revision'])}" if section else None
     if wanted != configured:
-        raise ValueError(
+        fail_planning(
             f"results/download/{wanted}/: no such repository and revision in config.yaml (data.source is "
             f"{config['data']['source']!r}; its folder is {configured or 'none'})"
         )

@@ -21,15 +21,15 @@ def get_document_files():
     for pattern in config["data"]["files"]["paths"]:
         files.extend(f for f in sorted(glob.glob(pattern, recursive=True)) if f not in files)
     if not files:
-        raise ValueError(f"{CONFIG_FILES}: data.files.paths {config['data']['files']['paths']} match no file")
+        fail_planning(f"{CONFIG_FILES}: data.files.paths {config['data']['files']['paths']} match no file")
     for f in files:     # now, not when its job runs after the files before it
         if not os.path.isfile(f):
-            raise ValueError(f"{CONFIG_FILES}: data.files.paths: {f} is not a file (a folder?); expected documents "
-                             f"files ({', '.join(sorted(SUFFIXES))})")
+            fail_planning(f"{CONFIG_FILES}: data.files.paths: {f} is not a file (a folder?); expected documents "
+                          f"files ({', '.join(sorted(SUFFIXES))})")
         try:
             document_format(f)
         except SpeedrunError as e:
-            raise ValueError(f"{CONFIG_FILES}: data.files.paths: {e}") from None
+            fail_planning(f"{CONFIG_FILES}: data.files.paths: {e}")
     return files
 
 
@@ -43,8 +43,8 @@ def get_document_file(wildcards):
     files = get_document_files()
     index = int(wildcards.part)
     if index >= len(files):
-        raise ValueError(f"token stream {wildcards.part}: data.source {config['data']['source']!r} has "
-                         f"{len(files)} input files")
+        fail_planning(f"token stream {wildcards.part}: data.source {config['data']['source']!r} has "
+                      f"{len(files)} input files")
     return files[index]
 
 
