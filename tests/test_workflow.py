@@ -333,6 +333,10 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
     }
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
+                           "--config", "stats={target: abc}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode != 0                              # a value from --config is not blamed on config.yaml
+    assert "config.yaml + --config: stats.target: 'abc' is not of type 'number'" in done.stdout + done.stderr
     (tmp_path / "in" / "sub.txt").mkdir(parents=True)      # a folder a documents glob matches
     (tmp_path / "in" / "d.csv").write_text("text\nhello\n")
     for name, (text, message) in cases.items():

@@ -30,7 +30,8 @@ def fail_planning(message):
     raise SystemExit(1)
 
 
-# The files this config came from, for messages: config.yaml and any --configfile (later ones win).
+# The files this config came from, for messages: config.yaml, any --configfile, then `--config` values given on
+# the command line (later ones win).
 def _shown_path(path):
     relative = os.path.relpath(str(path))
     return str(path) if relative.startswith("..") else relative
@@ -44,7 +45,8 @@ def _config_files_in_reading_order():
     return list(dict.fromkeys(os.path.abspath(str(f)) for f in files))
 
 
-CONFIG_FILES = " + ".join(_shown_path(f) for f in _config_files_in_reading_order())
+CONFIG_FILES = " + ".join([_shown_path(f) for f in _config_files_in_reading_order()]
+                          + (["--config"] if workflow.config_settings.config else []))
 
 try:                               # one line naming the files and the key, not jsonschema's dump of the schema
     validate(config, schema="../schemas/config.schema.yaml")
