@@ -160,7 +160,8 @@ def test_new_data_retrains_every_run(workflow, micro_config):
     jobs = _planned_jobs(proc)
     runs = sum(len(v["seeds"]) for v in micro_config["variants"].values())
     assert (jobs["corpus"], jobs["tokenize"], jobs["bos_index"], jobs["train"], jobs["parse"]) == (1, 1, 1, runs, runs)
-    assert proc.stdout.count("--shards-dir results/shards/shakespeare2 --bos-dir results/bos_index/shakespeare2") == runs
+    new_data = "--shards-dir results/shards/shakespeare2 --bos-dir results/bos_index/shakespeare2"
+    assert proc.stdout.count(new_data) == runs
 
 
 def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
@@ -333,8 +334,9 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
                       r"config.yaml \+ text.yaml: stats.target: '4.6e0' is not of type 'number' \(text, not a "
                       r"number: YAML reads 4.6e0 as a string; write it as 4.6\)"),
     }
-    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
-                           "--config", "stats={target: abc}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d",
+                           str(tmp_path), "--config", "stats={target: abc}"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode != 0                              # a value from --config is not blamed on config.yaml
     assert "config.yaml + --config: stats.target: 'abc' is not of type 'number'" in done.stdout + done.stderr
     (tmp_path / "in" / "sub.txt").mkdir(parents=True)      # a folder a documents glob matches
