@@ -10,9 +10,9 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError, number_text_hint
+from speedrun.model.config import PRESETS
 from speedrun.planning import check_training_data, schema_error_message
 from speedrun.sources import module_files
-from speedrun.model.config import PRESETS
 from speedrun.train_config import TrainConfig
 
 
@@ -116,8 +116,8 @@ def get_train_config(variant):
 def check_train_settings():
     """Refuse, before anything runs, a variant whose training settings `speedrun train` would refuse (an
     unknown or misspelt key, a wrong value, a batch that does not divide, a world_size that does not split
-    over its nodes), naming the variant; an unknown key is named where it is written (`train.<key>` or
-    `variants.<variant>.train.<key>`). Then refuse two variants with the same resolved settings
+    over its nodes), naming the variant, or the shared `train` section when every variant fails the same way
+    there; an unknown key is named where it is written (`train.<key>` or `variants.<variant>.train.<key>`). Then refuse two variants with the same resolved settings
     (check_distinct_variants)."""
     known = sorted([f.name for f in dataclasses.fields(TrainConfig)] + ["nodes"])
     sections = [("train", config["train"])] + [(f"variants.{v}.train", config["variants"][v].get("train") or {})
