@@ -39,7 +39,7 @@ from speedrun.analysis.bundle_readme import bundle_readme, left_out_lines
 from speedrun.analysis.groups import CodeSplit, Group, check_only
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.provenance import sha256
-from speedrun.analysis.tables import NOTED_SUFFIXES
+from speedrun.analysis.tables import noted_skips
 from speedrun.atomic import printable, write_text
 from speedrun.compare import Comparison, compare_groups, one_group
 from speedrun.errors import SpeedrunError
@@ -213,18 +213,14 @@ def _relative(group: Group, root: Path, side: str) -> Group:
 
 
 def left_out(sources: Mapping[str, Group]) -> dict[str, list[tuple[str, str]]]:
-    """Per side, the files of its folder that look like logs or parsed runs but are not runs
-    (``Group.skipped`` with a suffix of ``NOTED_SUFFIXES``, as ``speedrun stats`` notes them: a cut or
-    unreadable log, a corrupt ``.json``), so not copied: (the file's path relative to the side's folder, why it
-    is not a run). README.md and the CSVs beside parsed runs are not named."""
+    """Per side, the files of its folder that look like logs or parsed runs but are not runs, as ``speedrun
+    stats`` notes them (:func:`~speedrun.analysis.tables.noted_skips`: a cut or unreadable log, a corrupt
+    ``.json``), so not copied: (the file's path relative to the side's folder, why it is not a run)."""
     def name(path: str, group: Group) -> str:
         relative = os.path.relpath(path, group.path) if os.path.isdir(group.path) else os.path.basename(path)
         return relative if not relative.startswith("..") else path
 
-    return {side: [(name(f, g), why or "not a training log or parsed-run .json")
-                   for f, why in zip(g.skipped, g.skip_reasons)
-                   if any(x.lower() in NOTED_SUFFIXES for x in Path(f).suffixes)]
-            for side, g in sources.items()}
+    return {side: [(name(f, g), why) for f, why in noted_skips(g)] for side, g in sources.items()}
 
 
 def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str,

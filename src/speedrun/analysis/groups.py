@@ -167,8 +167,9 @@ def _load(path: str | Path) -> tuple[RunRecord | None, str]:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SpeedrunError(f"{path}: cannot read ({e.strerror or e})") from None
-    if data.removeprefix(codecs.BOM_UTF8).lstrip()[:1] == b"{":     # a UTF-8 BOM: what Windows editors write
-        run = _json_run(data.removeprefix(codecs.BOM_UTF8), path)
+    unmarked = data.removeprefix(codecs.BOM_UTF8)          # a UTF-8 BOM: what Windows editors write
+    if unmarked.lstrip()[:1] == b"{":
+        run = _json_run(unmarked, path)
     else:
         run = None if sniff_format(data) is None else record_from_bytes(data, path)
     return (run, "") if run is not None else (None, skip_reason(data, path))

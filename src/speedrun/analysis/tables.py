@@ -139,16 +139,22 @@ LOG_SUFFIXES = (".txt", ".log")
 NOTED_SUFFIXES = LOG_SUFFIXES + (".json",)  # skipped files the console names: logs and parsed runs
 
 
+def noted_skips(group: Group) -> list[tuple[str, str]]:
+    """(file, reason) of each skipped file of ``group`` that looks like a log (``.txt``/``.log``, also
+    compressed, e.g. ``.txt.gz``) or a parsed run (``.json``: a corrupt one would otherwise lower n unseen);
+    README.md, statistics.md and the CSVs beside parsed runs are left out."""
+    return [(file, reason or "not a training log or parsed-run .json")
+            for file, reason in zip(group.skipped, group.skip_reasons)
+            if any(x.lower() in NOTED_SUFFIXES for x in Path(file).suffixes)]
+
+
 def skipped_notes(results: Sequence["GroupStats"]) -> list[str]:
-    """``skipped: <path>: <reason>`` for each skipped file that looks like a log (``.txt``/``.log``, also
-    compressed, e.g. ``.txt.gz``) or a parsed run (``.json``: a corrupt one would otherwise lower n unseen),
-    once even when its directory was split into several groups; README.md, statistics.md and the CSVs beside
-    parsed runs stay quiet."""
+    """``skipped: <path>: <reason>`` for each of :func:`noted_skips`, once even when its directory was split
+    into several groups."""
     seen: dict[str, str] = {}
     for s in results:
-        for file, reason in zip(s.group.skipped, s.group.skip_reasons):
-            if any(x.lower() in NOTED_SUFFIXES for x in Path(file).suffixes):
-                seen.setdefault(file, reason or "not a training log or parsed-run .json")
+        for file, reason in noted_skips(s.group):
+            seen.setdefault(file, reason)
     return [f"skipped: {file}: {reason}" for file, reason in seen.items()]
 
 
