@@ -411,13 +411,13 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
 
 def mark_counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """``runs`` with two more columns: ``duplicate_of`` (the log a duplicate repeats, from the groups'
-    ``duplicates`` in summary.json; empty for the others) and ``counted`` (:func:`counted`)."""
+    ``duplicates`` in summary.json, which name a run by its log's path, the record's ``file``; empty for the
+    others) and ``counted`` (complete and not a duplicate)."""
     originals = {f: of for g in summary for f, of in (g.get("duplicates") or {}).items()}
-    return runs.assign(duplicate_of=runs["file"].map(originals), counted=counted(runs, summary))
+    duplicate_of = runs["file"].map(originals)
+    return runs.assign(duplicate_of=duplicate_of, counted=(runs["status"] == "complete") & duplicate_of.isna())
 
 
 def counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd.Series:
-    """Boolean mask over ``runs``: complete and not a duplicate, i.e. not a key of any group's
-    ``duplicates`` in summary.json (both name a run by its log's path, the record's ``file``)."""
-    dups = {f for g in summary for f in g.get("duplicates") or {}}
-    return (runs["status"] == "complete") & ~runs["file"].isin(dups)
+    """Boolean mask over ``runs``: complete and not a duplicate (:func:`mark_counted`)."""
+    return mark_counted(runs, summary)["counted"]
