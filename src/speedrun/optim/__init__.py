@@ -2,5 +2,6 @@
 of ``orthogonalize``, the parameter banks of ``banks``, the sharded update of ``sharding`` and the annealed
 Langevin noise of ``langevin``), AdamW or cautious Adam for embeddings, head and scalars (``adam``), their
 settings (``config``, importable without torch), their assembly from a model's labelled parameters
-(``groups``) and the step schedules (``schedules``). Importing this package imports nothing.
+(``groups``), the step schedules (``schedules``) and a record's staged schedule as data (``stages``).
+Importing this package imports nothing.
 """
