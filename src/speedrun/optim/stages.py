@@ -360,7 +360,7 @@ class StagedSchedule:
         if "stages" not in data or "scheduled_steps" not in data:
             raise SpeedrunError(f"{where} needs scheduled_steps and stages (a list of stage mappings)")
         stages = data["stages"]
-        if not isinstance(stages, list):
+        if not isinstance(stages, (list, tuple)):
             raise SpeedrunError(f"{where}.stages must be a list of stage mappings, got {stages!r}")
         built = tuple(_stage_from_dict(stage, f"{where}.stages[{i}]") for i, stage in enumerate(stages))
         return cls(**{**data, "stages": built}, where=where)
