@@ -189,6 +189,43 @@ def test_bfloat16_products_agree_across_impls():
         assert got.item() == pytest.approx(want.item(), rel=5e-3)
 
 
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fp8_head_with_weighted_targets(impl):
+    """The FP8 head: K = 1 with weight 1 is today's FP8 loss bit for bit; large weights (Σ|w| = 8, eight
+    times the plain gradient's bound) stay finite in the e5m2 gradient and close to the bf16 loss."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(48, 64, generator=g)
+    w = torch.randn(320, 64, generator=g) * 0.1
+    targets = torch.randint(0, 320, (48,), generator=g)
+    prefix = torch.randint(-1, 320, (48,), generator=g)
+    options = dict(softcap=23.0, softcap_kind="shifted_sigmoid", impl=impl, chunk_tokens=16,
+                   compute_dtype=torch.bfloat16)
+    today = loss_and_grads_fp8(x, w, targets, fp8=True, **options)
+    one = loss_and_grads_fp8(x, w, targets, fp8=True, mtp_weights=torch.ones(1), prefix_targets=prefix,
+                             prefix_weight=torch.tensor(0.0), **options)
+    for a, b in zip(one, today):
+        if impl == "full":
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(a, b)
+    heavy = dict(mtp_weights=torch.tensor([2.0, 2.0, 2.0]), prefix_targets=prefix, prefix_weight=torch.tensor(2.0))
+    bf16 = loss_and_grads_fp8(x, w, targets, **heavy, **options)
+    fp8 = loss_and_grads_fp8(x, w, targets, fp8=True, **heavy, **options)
+    assert fp8[0].item() == pytest.approx(bf16[0].item(), rel=2e-3) and fp8[0].item() != bf16[0].item()
+    for a, b in zip(fp8[1:], bf16[1:]):
+        assert torch.isfinite(a).all() and relative_error(a, b) < (0.05 if impl == "chunked" else 0.12)
+
+
+def loss_and_grads_fp8(x, w, targets, **options):
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = linear_cross_entropy(xs, ws, targets, **options)
+    return (loss.detach(), *torch.autograd.grad(loss, (xs, ws)))
+
+
 def test_one_compiled_graph_serves_every_weight_value():
     from torch._dynamo.testing import CompileCounter
 
