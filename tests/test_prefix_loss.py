@@ -61,6 +61,19 @@ def test_gpt2_table_equals_brute_force(gpt2_table):
     assert gpt2_table.shape == (50304,) and gpt2_table.tolist() == want
 
 
+def test_gpt2_token_bytes_are_the_mergeable_ranks():
+    """The bytes per id equal the BPE ranks tiktoken builds from the vocabulary files (id = rank in GPT-2)."""
+    import tiktoken.load
+
+    from speedrun.data.tokenizer import VOCAB_FILES, vocab_file
+
+    bpe, encoder = (str(vocab_file(name)) for name in VOCAB_FILES)
+    ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=bpe, encoder_json_file=encoder)
+    token_bytes = gpt2_token_bytes()
+    assert len(token_bytes) == 50257 and token_bytes[50256] is None
+    assert {b: i for i, b in enumerate(token_bytes) if b is not None} == ranks
+
+
 @pytest.mark.parametrize("text, prefix", [(" the", " th"), (" hello", " hell"), ("Hello", "Hell"), ("ing", "in"),
                                           (" and", " an"), (" th", " t")])
 def test_gpt2_prefix_tokens_by_decoding(gpt2_table, text, prefix):
