@@ -26,7 +26,10 @@ loss ``L_t = Σ_k w_k · CE(z_t, target_{t+k}) + w_p · CE(z_t, prefix_t)``, mul
 shared head (record #53, k = 0..K-1) plus prefix-token prediction (record #88, :mod:`speedrun.model.prefix`),
 as J = K + 1 weighted targets per position (:func:`loss_terms`). The gradient is then
 ``dL_t/dy_t = (Σ_j w_tj) · softmax(y_t) - Σ_j w_tj · onehot(target_tj)``, computed in the same single pass
-as the plain loss (the records' fused kernel does the same).
+as the plain loss (the records' fused kernel does the same). One difference from the record's kernel: it
+gives the softmax the weight of all K terms also at the last K-1 positions of a micro-batch, whose terms
+past the end it drops from the loss, so its gradient there is not that of its loss; ours is (2 of >= 16,384
+positions per micro-batch in HEAD's schedule).
 
 Shape legend: T tokens, C model_dim, V vocab_size, c tokens per chunk.
 """
@@ -282,7 +285,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 def _weight_norm(term_weights: torch.Tensor) -> torch.Tensor:
-    """The largest Σ_j |w_tj| over the positions (0-d fp32), 1 where that is 0 (no gradient to scale)."""
+    """The largest Σ_j |w_tj| over the positions (0-d fp32), 1 where that is 0 (no gradient to scale). With
+    non-negative weights (the records') it bounds |Σ_j w_tj (softmax - onehot_j)|; mixed signs can reach
+    twice it, which e5m2's headroom (the bound maps to half its largest value) still holds."""
     norm = term_weights.abs().sum(1).amax().float()
     return torch.where(norm > 0, norm, torch.ones_like(norm))
 
