@@ -145,7 +145,7 @@ class GPTConfig:
             buffer ``prefix_table`` (V,) int64 at construction, and a training forward given a
             ``prefix_weight`` adds ``prefix_weight · CE(logits_t, prefix(target_t))`` to each position's loss
             (:meth:`speedrun.model.gpt.GPT.forward`). The record builds the table inside its timed region
-            (about 0.1 s); we build it once, before. Needs vocab_size >= 50257 (the GPT-2 vocabulary).
+            (a fraction of a second); we build it once, before. Needs vocab_size >= 50257 (the GPT-2 vocabulary).
 
     Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode,
     a layer index out of range, or switches that do not fit together (e.g. paired heads with an odd n_head).
