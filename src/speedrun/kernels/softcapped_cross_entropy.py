@@ -10,6 +10,16 @@ sigmoid ``c·sigmoid((z+5)/7.5)``, record #54), ``loss_t = logsumexp(y) - y_j`` 
 ``with_grad`` ``grad_t = (softmax(y) - onehot(j)) · dy/dz · grad_mul`` written in the logits' dtype or in
 float8 e5m2.
 
+Weighted targets (the records' training loss, records #53 and #88; speedrun-spec.md 2.5): with ``weights``
+(T, J) and ``targets`` (T, J) (:func:`speedrun.model.loss.loss_terms`: the next K tokens and the prefix
+token of each position, weight 0 for a dropped term), ``loss_t = Σ_j w_tj (lse - y_tj)`` and
+``grad_t = (Σ_j w_tj · softmax(y) - Σ_j w_tj · onehot(target_tj)) · dy/dz · grad_mul / norm``, still in one
+pass: the J target columns of a row are compared with every block of columns in the gradient sweep (J is a
+compile-time constant, 1 to 4 in the records), where the record's CUDA kernel writes the dense part first
+and then patches the target columns. The weights are read from memory, so a compiled graph serves every
+value of the record's per-step weight schedule; ``norm`` (a 0-d tensor, the FP8 head's Σ_j |w_tj| bound)
+keeps the e5m2 gradient in range.
+
 One program per row, two sweeps over it in blocks of ``BLOCK`` columns (autotuned): the first sums
 exp(y - m), the second writes the gradient (the row, 100 KB in bf16 at V = 50304, is still in L2 by then).
 With a softcap the logits are bounded above by c, so m = c and the sum needs no running maximum; without one
@@ -125,14 +135,17 @@ def _row_logsumexp_capped(row_ptr, V, cap: tl.constexpr, KIND: tl.constexpr, FAS
     return cap + tl.log(tl.sum(acc, axis=0))
 
 
-@triton.autotune(configs=_CONFIGS, key=["V", "KIND", "WITH_GRAD", "E5M2", "FAST"])
+@triton.autotune(configs=_CONFIGS, key=["V", "KIND", "WITH_GRAD", "E5M2", "FAST", "TERMS", "WEIGHTED", "NORMED"])
 @triton.jit
-def _softcapped_ce_kernel(logits_ptr, targets_ptr, losses_ptr, grad_ptr, V, stride_row, grad_stride_row,
-                          cap: tl.constexpr, grad_mul: tl.constexpr, KIND: tl.constexpr, WITH_GRAD: tl.constexpr,
-                          E5M2: tl.constexpr, FAST: tl.constexpr, BLOCK: tl.constexpr):
+def _softcapped_ce_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses_ptr, grad_ptr, V, stride_row,
+                          grad_stride_row, cap: tl.constexpr, grad_mul: tl.constexpr, KIND: tl.constexpr,
+                          WITH_GRAD: tl.constexpr, E5M2: tl.constexpr, FAST: tl.constexpr, TERMS: tl.constexpr,
+                          WEIGHTED: tl.constexpr, NORMED: tl.constexpr, BLOCK: tl.constexpr):
     """Row ``program_id``: loss into losses_ptr[row], and (WITH_GRAD) the gradient row into grad_ptr. ``cap``
     and ``grad_mul`` are compile-time constants (fixed for a run; a runtime float would reach the kernel as
-    fp64 under Inductor). ``FAST``: the approximate tanh (set with an e5m2 gradient)."""
+    fp64 under Inductor). ``FAST``: the approximate tanh (set with an e5m2 gradient). ``WEIGHTED``: TERMS
+    targets per row (targets_ptr, weights_ptr: (T, TERMS) row-major), else one target per row and weight 1.
+    ``NORMED``: the gradient divided by norm_ptr[0] as well."""
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
     offsets = tl.arange(0, BLOCK)
@@ -140,17 +153,36 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, losses_ptr, grad_ptr, V, stri
         lse = _row_logsumexp_online(row_ptr, V, BLOCK)
     else:
         lse = _row_logsumexp_capped(row_ptr, V, cap, KIND, FAST, BLOCK)
-    target = tl.load(targets_ptr + row)
-    y_target = _capped(tl.load(row_ptr + target).to(tl.float32), cap, KIND, FAST)
-    tl.store(losses_ptr + row, lse - y_target)
+    if WEIGHTED:
+        loss = 0.0
+        total = 0.0                                                    # Σ_j w_j: the softmax's weight
+        for j in tl.static_range(TERMS):
+            target_j = tl.load(targets_ptr + row * TERMS + j)
+            weight_j = tl.load(weights_ptr + row * TERMS + j)
+            loss += weight_j * (lse - _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST))
+            total += weight_j
+        tl.store(losses_ptr + row, loss)
+    else:
+        target = tl.load(targets_ptr + row)
+        y_target = _capped(tl.load(row_ptr + target).to(tl.float32), cap, KIND, FAST)
+        tl.store(losses_ptr + row, lse - y_target)
     if WITH_GRAD:
+        mul = grad_mul
+        if NORMED:
+            mul = grad_mul / tl.load(norm_ptr)
         grad_row = grad_ptr + row * grad_stride_row
         for start in range(0, V, BLOCK):
             cols = start + offsets
             z = tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
             y = _capped(z, cap, KIND, FAST)
-            d = tl.exp(y - lse) - tl.where(cols == target, 1.0, 0.0)
-            d = d * _cap_derivative(y, cap, KIND) * grad_mul
+            if WEIGHTED:
+                d = total * tl.exp(y - lse)
+                for j in tl.static_range(TERMS):
+                    target_j = tl.load(targets_ptr + row * TERMS + j)
+                    d -= tl.where(cols == target_j, tl.load(weights_ptr + row * TERMS + j), 0.0)
+            else:
+                d = tl.exp(y - lse) - tl.where(cols == target, 1.0, 0.0)
+            d = d * _cap_derivative(y, cap, KIND) * mul
             if E5M2:
                 tl.store(grad_row + cols, d.to(tl.float8e5, fp_downcast_rounding="rtne"), mask=cols < V)
             else:
@@ -159,7 +191,8 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, losses_ptr, grad_ptr, V, stri
 
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
 def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor, cap: float, kind: int,
-                                    with_grad: bool, grad_mul: float, e5m2_grad: bool = False
+                                    with_grad: bool, grad_mul: float, e5m2_grad: bool = False,
+                                    weights: torch.Tensor | None = None, grad_norm: torch.Tensor | None = None
                                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(losses (T,) fp32, grad)`` of the softcapped cross-entropy of ``logits`` (T, V) (bf16, fp16 or
     fp32, unit stride along V) against ``targets`` (T,) int64 in 0..V-1. ``kind``: 0 none (``cap``
@@ -167,22 +200,36 @@ def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor,
     the logits' dtype, or in float8 e5m2 with ``e5m2_grad`` (CUDA; for the FP8 head's backward products:
     ``grad_mul`` must then keep |grad| within e5m2's range, 57344; the tanh cap and so the losses of that
     call are then approximate, see the module docstring), or an empty (0,) tensor without ``with_grad``.
+    ``weights``: None, or (T, J) float (J >= 1) with ``targets`` (T, J): the weighted loss of the module
+    docstring (records #53, #88). ``grad_norm``: None or a 0-d float tensor the gradient is divided by.
 
     Raises :class:`SpeedrunError` on a bad shape, stride or kind, or inputs on different devices."""
     require(logits.dim() == 2 and logits.stride(1) == 1,
            f"softcapped_cross_entropy: logits must be (T, V) with unit stride along V, got shape "
            f"{tuple(logits.shape)}, strides {logits.stride()}")
-    require(targets.shape == (logits.size(0),) and targets.device == logits.device,
-           f"softcapped_cross_entropy: targets must be ({logits.size(0)},) on {logits.device}, got "
-           f"{tuple(targets.shape)} on {targets.device}")
-    require(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
     rows, vocab = logits.shape
+    want = (rows,) if weights is None else (rows, weights.size(-1))
+    require(targets.shape == want and targets.device == logits.device,
+           f"softcapped_cross_entropy: targets must be {want} on {logits.device}, got "
+           f"{tuple(targets.shape)} on {targets.device}")
+    require(weights is None or (weights.dim() == 2 and weights.size(1) >= 1 and weights.device == logits.device),
+           f"softcapped_cross_entropy: weights must be (T, J), J >= 1, on {logits.device}, got "
+           f"{None if weights is None else (tuple(weights.shape), weights.device)}")
+    require(grad_norm is None or (grad_norm.numel() == 1 and grad_norm.device == logits.device),
+           "softcapped_cross_entropy: grad_norm must be one number on the logits' device")
+    require(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
     grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
     if rows == 0:
         return losses, grad
+    terms = 1 if weights is None else weights.size(1)
+    if weights is not None:
+        targets, weights = targets.contiguous(), weights.to(torch.float32).contiguous()
+    norm = losses if grad_norm is None else grad_norm.reshape(1).to(torch.float32)       # losses: unused
     wrap_triton(_softcapped_ce_kernel)[(rows,)](
-        logits, targets, losses, grad, vocab, logits.stride(0), grad.stride(0) if with_grad else 0,
-        float(cap), float(grad_mul), KIND=kind, WITH_GRAD=with_grad, E5M2=e5m2_grad, FAST=e5m2_grad and with_grad)
+        logits, targets, losses if weights is None else weights, norm, losses, grad, vocab, logits.stride(0),
+        grad.stride(0) if with_grad else 0, float(cap), float(grad_mul), KIND=kind, WITH_GRAD=with_grad,
+        E5M2=e5m2_grad, FAST=e5m2_grad and with_grad, TERMS=terms, WEIGHTED=weights is not None,
+        NORMED=grad_norm is not None)
     return losses, grad

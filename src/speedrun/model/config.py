@@ -140,6 +140,12 @@ class GPTConfig:
             logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`).
         loss_chunk_tokens: tokens per chunk of the chunked cross-entropy (64 keeps a chunk's (64, 50304)
             fp32 logits in a CPU's cache).
+        prefix_token_loss: prefix-token prediction (record #88, speedrun-spec.md 2.5): the model builds the
+            GPT-2 prefix-token table (:func:`speedrun.model.prefix.prefix_token_table`) as its non-persistent
+            buffer ``prefix_table`` (V,) int64 at construction, and a training forward given a
+            ``prefix_weight`` adds ``prefix_weight · CE(logits_t, prefix(target_t))`` to each position's loss
+            (:meth:`speedrun.model.gpt.GPT.forward`). The record builds the table inside its timed region
+            (a fraction of a second); we build it once, before. Needs vocab_size >= 50257 (the GPT-2 vocabulary).
 
     Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode,
     a layer index out of range, or switches that do not fit together (e.g. paired heads with an odd n_head).
@@ -189,6 +195,7 @@ class GPTConfig:
     attention_backend: AttentionBackend = "sdpa_docs"
     cross_entropy: CrossEntropyImpl = "chunked"
     loss_chunk_tokens: int = 64
+    prefix_token_loss: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "model_dim", "n_head", "head_dim", "mlp_ratio",
@@ -227,6 +234,7 @@ class GPTConfig:
         self._check_attention_layers()
         self._check_skips()
         self._check_key_offset_and_backout()
+        self._check_prefix_token_loss()
 
     @property
     def schedule_as_graph_inputs(self) -> bool:
@@ -234,6 +242,13 @@ class GPTConfig:
         under torch.compile, :class:`speedrun.model.gpt.GPT`) rather than Python numbers: with the ``flex``
         backend, the one that takes them so."""
         return self.attention_backend == "flex"
+
+    def _check_prefix_token_loss(self) -> None:
+        if not isinstance(self.prefix_token_loss, bool):
+            raise SpeedrunError(f"model.prefix_token_loss must be true or false, got {self.prefix_token_loss!r}")
+        if self.prefix_token_loss and self.vocab_size < GPT2_VOCAB:
+            raise SpeedrunError(f"model.prefix_token_loss needs the GPT-2 vocabulary: model.vocab_size >= "
+                                f"{GPT2_VOCAB}, got {self.vocab_size}")
 
     def _check_layers(self, name: str) -> None:
         """A per-layer switch: increasing layer indices in 0..n_layer-1 (a list from YAML becomes a tuple)."""

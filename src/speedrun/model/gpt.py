@@ -35,6 +35,7 @@ from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.norm import rms_norm
 from speedrun.model.packing import document_positions
 from speedrun.model.paired import paired_positions
+from speedrun.model.prefix import prefix_token_table
 from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.windows import layer_windows, per_layer, window_tokens
@@ -80,6 +81,10 @@ class GPT(nn.Module):
     Inductor would recompute them inside each consumer kernel). YaRN rewrites them in place (same storage);
     moving or casting the model (``.to``, ``.double()``) rebuilds them from the moved frequencies, so they
     always equal :func:`speedrun.model.rotary.rotary_tables` computed on the model's device.
+
+    Prefix table (``config.prefix_token_loss``, record #88): the non-persistent buffer ``prefix_table``
+    (V,) int64, each token's prefix token or -1 (:func:`speedrun.model.prefix.prefix_token_table`), built
+    once here (the record builds it inside its timed region); :meth:`forward` looks the targets up in it.
     """
 
     def __init__(self, config: GPTConfig):
@@ -120,6 +125,8 @@ class GPT(nn.Module):
         self.register_buffer("window_sizes", torch.zeros(2, dtype=torch.int32), persistent=False)
         self.register_buffer("attention_scale_buffer", torch.zeros(()), persistent=False)
         self._write_schedule_buffers()
+        if config.prefix_token_loss:
+            self.register_buffer("prefix_table", prefix_token_table(config.vocab_size), persistent=False)
 
     @torch.no_grad()
     def set_window_blocks(self, short_blocks: int, long_blocks: int) -> None:
@@ -351,21 +358,39 @@ class GPT(nn.Module):
                              f"this forward pass needs {needed} positions ({why}): raise model.rotary_positions")
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, cu_seqlens: torch.Tensor,
-                max_seqlen: int | None = None) -> torch.Tensor:
+                max_seqlen: int | None = None, *, mtp_weights: torch.Tensor | None = None,
+                prefix_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy (fp32 scalar, nats/token) of predicting ``targets`` (T,) int64 from ``inputs``
         (T,) int32 with documents ``cu_seqlens`` (S,) int32 (see :meth:`hidden_states`). The head's matrix
         products run in the autocast dtype when autocast is on; the logits' product in FP8 in training with
         ``config.fp8_head`` (record #19), from the head's weight cache while it is on
-        (:meth:`use_fp8_weight_cache`)."""
+        (:meth:`use_fp8_weight_cache`).
+
+        The records' training loss (speedrun-spec.md 2.5), in training mode only: ``mtp_weights`` (K,) fp32
+        (None: [1.]) adds multi-token prediction with the shared head (record #53), ``prefix_weight`` (0-d
+        fp32; needs ``config.prefix_token_loss``; None: no prefix term) prefix-token prediction (record #88,
+        the targets' prefixes from ``prefix_table``): the mean over the T positions of ``Σ_k w_k ·
+        CE(logits_t, targets[t+k]) + prefix_weight · CE(logits_t, prefix(targets[t]))`` (terms past the end
+        of the sequence dropped; :func:`speedrun.model.loss.linear_cross_entropy`). Tensors, so that one
+        compiled graph serves the record's per-step weights. In eval mode the loss is the plain next-token
+        cross-entropy whatever they are, as in the records' validation. Raises ``ValueError`` for a
+        ``prefix_weight`` without ``config.prefix_token_loss``."""
+        cfg = self.config
+        if prefix_weight is not None and not cfg.prefix_token_loss:
+            raise ValueError("GPT.forward: prefix_weight needs model.prefix_token_loss (the prefix-token table)")
         x = self.hidden_states(inputs, cu_seqlens, max_seqlen)                        # (T, C)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        cfg = self.config
         fp8 = self.training and cfg.fp8_head
+        auxiliary = {}
+        if self.training:
+            auxiliary["mtp_weights"] = mtp_weights
+            if prefix_weight is not None:
+                auxiliary.update(prefix_targets=self.prefix_table[targets], prefix_weight=prefix_weight)  # (T,)
         return linear_cross_entropy(x, self.lm_head.weight, targets, softcap=cfg.logit_softcap,
                                     softcap_kind=cfg.softcap_kind, impl=cfg.cross_entropy,
                                     chunk_tokens=cfg.loss_chunk_tokens, compute_dtype=dtype,
-                                    fp8=fp8, fp8_weight=self._head_fp8_weight() if fp8 else None)
+                                    fp8=fp8, fp8_weight=self._head_fp8_weight() if fp8 else None, **auxiliary)
 
     def parameter_kinds(self) -> dict[str, ParamKind]:
         """Parameter name -> kind: ``embed`` (token, value and bigram embeddings), ``head``, ``matrix`` (the
