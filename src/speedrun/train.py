@@ -410,7 +410,8 @@ def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device
             "config_sha256": sha256_text(settings), **code_version(),
             "world_size": launch.world_size, "tokens_per_step": config.batch_at(config.steps - 1)[0],
             "val_tokens": config.val_tokens, "train_data_sha256": data.train_sha256,
-            "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size)}
+            "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size),
+            "attention_backend": config.model_config().attention_backend}      # resolved: auto -> what runs
 
 
 def _write_header(log: RunLog, header: Mapping[str, Any]) -> None:

@@ -183,10 +183,10 @@ class TrainConfig:
 
     def _check_device(self) -> None:
         backend = self._preset_model().attention_backend
-        if self.device == "cpu" and backend in ("flex", "varlen"):
-            raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (torch has no CPU "
-                                f"backward for it), and train.device is 'cpu': set train.device: cuda, or "
-                                f"train.model: {{attention_backend: sdpa_docs}} on a CPU")
+        if self.device == "cpu" and backend in ("flex", "varlen", "fa3", "fa4"):
+            raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (it has no CPU "
+                                f"kernel with a backward), and train.device is 'cpu': set train.device: cuda, or "
+                                f"train.model: {{attention_backend: sdpa_docs}} (or auto) on a CPU")
 
     def _check_adam_kind_betas(self) -> None:
         betas = self.adam_kind_betas
@@ -296,10 +296,19 @@ class TrainConfig:
 
     def resolved_for(self, device: Any) -> "TrainConfig":
         """This config with ``dtype`` resolved for ``device`` (a ``torch.device`` or its type, ``"cpu"`` or
-        ``"cuda"``; :func:`resolve_dtype`): what a run on it computes in, and what its log's ``config``
-        header shows. Call it once the device is resolved (``device: auto``)."""
+        ``"cuda"``; :func:`resolve_dtype`), and ``model.attention_backend: auto`` resolved to the backend
+        that runs there (:func:`speedrun.model.attention.resolve_backend`): what a run on it computes in and
+        with, and what its log's ``config`` header shows. Call it once the device is resolved (``device:
+        auto``)."""
         device_type = device if isinstance(device, str) else device.type
-        return dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device_type))
+        resolved = dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device_type))
+        backend = self._preset_model().attention_backend
+        if backend != "auto":
+            return resolved
+        from speedrun.model.attention import resolve_backend      # torch: imported only when resolving
+
+        model = {**self.model, "attention_backend": resolve_backend(backend, device)}
+        return dataclasses.replace(resolved, model=model)
 
     @property
     def micro_batch_tokens(self) -> int:

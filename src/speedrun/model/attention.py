@@ -27,6 +27,15 @@ Backends:
   kernel family of record #29) with ``window_size = (W-1, 0)``; CUDA and bf16/fp16 only. It takes the
   longest document as a host integer: :class:`PackedDocuments` ``max_seqlen`` (the loader's ``max_seq_len``)
   avoids reading it back from the GPU.
+* ``"fa3"``, ``"fa4"``: FlashAttention 3 (``flash_attn_interface``, or the ``kernels`` hub's
+  ``kernels-community/flash-attn3``: the records' kernel since #29) and FlashAttention 4 (PyPI
+  ``flash-attn-4``, CuTe DSL), their ``flash_attn_varlen_func`` with ``causal=True`` and
+  ``window_size = (W-1, 0)`` (:mod:`speedrun.model.flash`); CUDA and bf16/fp16 only, host-number scale and
+  window, the longest document as ``varlen`` takes it. FA4 is not traceable by ``torch.compile`` (CuTe-DSL
+  Python), so its call runs eagerly, one graph break per layer; FA3's are torch custom ops and compile.
+
+``"auto"`` (:func:`resolve_backend`) is the fastest of these installed on the device: on CUDA fa3, fa4,
+varlen, flex, in that order; on a CPU sdpa_docs.
 
 Another backend is a function with the signature of :data:`Backend` registered under a name of
 :data:`speedrun.model.config.AttentionBackend`.
@@ -45,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from speedrun.model import flash
 from speedrun.model.packing import document_causal_mask, document_ids
 
 # SDPA kernels allowed: not cuDNN, which builds an execution plan per new sequence length (seconds per
@@ -112,8 +122,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDoc
     ``cu_seqlens`` (S,) int32 from 0 to T; scale: multiplies q·k (e.g. D**-0.5); window: None or W >= 1
     tokens (query i sees keys i-W+1..i). ``"flex"`` and ``"reference"`` also take a 0-d tensor scale and a
     0-d integer tensor window (not checked here: the caller keeps it >= 1). Returns (T, H, D) in the dtype
-    of q. Raises ``ValueError`` for an unknown backend, bad shapes, or a backend that cannot run on these
-    inputs (``varlen`` off CUDA)."""
+    of q. ``backend="auto"``: :func:`resolve_backend` for q's device. Raises ``ValueError`` for an unknown
+    backend, bad shapes, or a backend that cannot run on these inputs (``varlen``, ``fa3``, ``fa4`` off CUDA
+    or a library not installed)."""
+    if backend == "auto":
+        backend = resolve_backend(backend, q.device)
     if backend not in _BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; registered: {', '.join(_BACKENDS)}")
     if q.ndim != 3 or q.shape != k.shape or k.shape != v.shape:
@@ -270,6 +283,68 @@ def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocum
     cu = docs.cu_seqlens.to(torch.int32)
     left = -1 if window is None else window - 1
     return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(left, 0))
+
+
+@register_backend("fa3")
+def _fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
+         window: int | None) -> torch.Tensor:
+    _check_flash("fa3", q)
+    return flash.varlen_attention("fa3", q, k, v, docs.cu_seqlens, docs.longest(), scale, window)
+
+
+@register_backend("fa4")
+@torch.compiler.disable   # CuTe-DSL Python: dynamo cannot trace it; an eager call, one graph break per layer
+def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
+         window: int | None) -> torch.Tensor:
+    _check_flash("fa4", q)
+    return flash.varlen_attention("fa4", q, k, v, docs.cu_seqlens, docs.longest(), scale, window)
+
+
+def _check_flash(library: str, q: torch.Tensor) -> None:
+    """``ValueError`` unless q is a CUDA bf16/fp16 tensor and ``library`` is installed."""
+    if not q.is_cuda or q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention backend {library!r} needs CUDA bf16/fp16 tensors, got {q.device} {q.dtype}")
+    reason = flash.unavailable_reason(library)
+    if reason is not None:
+        raise ValueError(f"attention backend {library!r} is not installed: {reason}")
+
+
+AUTO_CUDA_ORDER = ("fa3", "fa4", "varlen", "flex")
+# Compute capabilities (major) where "auto" takes a FlashAttention library: FA3 is a Hopper kernel
+# (wgmma, TMA); FA4's tuned paths are Hopper's and Blackwell's (sm90, sm100/sm110). Elsewhere the
+# library may run when asked for by name, but auto goes on to varlen.
+_AUTO_MAJORS = {"fa3": (9,), "fa4": (9, 10, 11)}
+
+
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """``name`` itself unless it is ``"auto"``; ``"auto"``: on a CUDA device the first of
+    :data:`AUTO_CUDA_ORDER` that runs there (fa3 and fa4 when their library loads and the GPU's compute
+    capability is one of theirs; varlen when this torch has ``torch.nn.attention.varlen``; flex always),
+    on any other device ``"sdpa_docs"`` (the fastest on a CPU). Resolved once per (device type, GPU
+    capability): the first call may import FA3/FA4, or download FA3 through the ``kernels`` hub.
+
+    Why this order: FA3 is the kernel of the records since #29 (speedrun-spec.md 2.3) and FA4 its
+    successor, both faster than the FA2-class kernels; FlexAttention and ``varlen_attn`` measured the same
+    on one H200 (1.35/1.68/1.87 ms for windows 384/896/1792 tokens, forward + backward, 49,152 tokens,
+    ../shared/docs/gpu-notes.md), and varlen needs no block mask per forward pass, so it goes first."""
+    if name != "auto":
+        return name
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "sdpa_docs"
+    return _resolve_cuda(torch.cuda.get_device_capability(device))
+
+
+@functools.cache
+def _resolve_cuda(capability: tuple[int, int]) -> str:
+    for backend in AUTO_CUDA_ORDER[:2]:
+        if capability[0] in _AUTO_MAJORS[backend] and flash.unavailable_reason(backend) is None:
+            return backend
+    try:
+        import torch.nn.attention.varlen  # noqa: F401
+        return "varlen"
+    except ImportError:
+        return "flex"
 
 
 def _flex_function(name: str, cuda: bool) -> Callable[..., Any]:

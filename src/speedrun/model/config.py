@@ -21,7 +21,7 @@ from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
-AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen"]
+AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen", "fa3", "fa4", "auto"]
 CrossEntropyImpl = Literal["full", "chunked", "fused"]
 SoftcapKind = Literal["tanh", "shifted_sigmoid"]
 SkipMode = Literal["none", "unet", "gated"]
@@ -134,7 +134,16 @@ class GPTConfig:
             ``"triton"``, QK-norm and RoPE fused in one kernel forward and one backward
             (:mod:`speedrun.kernels.qk_norm_rotary`; records #2, #5, #17); non-paired layers only, on CUDA
             with bf16/fp16 q and k, the torch path elsewhere.
-        attention_backend: see :mod:`speedrun.model.attention`.
+        attention_backend: a backend of :mod:`speedrun.model.attention` (``reference``, ``sdpa``,
+            ``sdpa_docs``, ``flex``, ``varlen``, ``fa3`` FlashAttention 3, ``fa4`` FlashAttention 4), or
+            ``"auto"``: the fastest installed on the run's device, on CUDA the first of fa3 (Hopper), fa4
+            (Hopper, Blackwell), varlen, flex, and on a CPU sdpa_docs
+            (:func:`speedrun.model.attention.resolve_backend`, which says why this order). ``speedrun train``
+            resolves it once, before building the model
+            (:meth:`speedrun.train_config.TrainConfig.resolved_for`): the log's ``config`` and
+            ``attention_backend`` header lines show the backend that ran. A model built directly with
+            ``"auto"`` resolves it at each attention call (cached per device), taking its windows as
+            Python numbers as every backend but ``flex`` does.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk; ``"fused"`` computes loss and logit gradients in one pass over bf16
             logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`).
