@@ -9,8 +9,10 @@ the reference backend on a GPU (``gpu`` marker), skipped exactly when CUDA or th
 
 from __future__ import annotations
 
+import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,3 +272,28 @@ def test_a_run_with_auto_logs_the_backend_that_ran(tmp_path):
     assert "attention_backend: sdpa_docs" in header
     config_line = next(line for line in header if line.startswith("config: "))
     assert '"attention_backend":"sdpa_docs"' in config_line
+
+
+def test_a_block_loads_its_flash_library_when_built(monkeypatch, fresh_flash):
+    from speedrun.model.block import CausalSelfAttention
+    from speedrun.model.config import GPTConfig
+
+    fake = FakeLibrary(returns_tuple=True)
+    inject(monkeypatch, "fa4", fake)
+    CausalSelfAttention(GPTConfig(vocab_size=8, n_layer=1, model_dim=8, n_head=2, head_dim=4,
+                                  attention_backend="fa4"))
+    assert flash._LOADED["fa4"] == (fake.flash_attn_varlen_func, None)     # found before any forward pass
+
+
+def test_the_benchmark_runs_on_a_cpu_and_reports_a_missing_backend(tmp_path, capsys):
+    import runpy
+
+    bench = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "attention_backends.py"))
+    out = tmp_path / "rows.jsonl"
+    status = bench["main"](["--device", "cpu", "--tokens", "300", "--heads", "2", "--head-dim", "8", "--windows",
+                            "50", "--repeats", "1", "--backends", "reference,sdpa_docs,fa4", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert status == 1 and [r["backend"] for r in rows] == ["reference", "sdpa_docs", "fa4"]
+    assert rows[0]["baseline"] and rows[0]["fwd_bwd_ms"] > 0
+    assert max(rows[1][f"rel_diff_{n}"] for n in ("out", "dq", "dk", "dv")) < 1e-5
+    assert rows[2]["error"].startswith("ValueError: attention backend 'fa4' needs CUDA")

@@ -21,6 +21,7 @@ from torch import nn
 
 from speedrun.errors import SpeedrunError
 from speedrun.kernels import optional_kernel
+from speedrun.model import flash
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
 from speedrun.model.fp8 import FP8Linear, FP8WeightCache, fp8_linear
@@ -81,6 +82,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.backend, self.rope = config.attention_backend, config.rope
+        if self.backend in flash.LIBRARIES:
+            flash.unavailable_reason(self.backend)       # import FA3/FA4 now, before a compile traces a call
         self.paired = layer in config.paired_head_layers
         self.key_offset = (config.key_offset and not self.paired
                            and config.window_pattern[layer:layer + 1] == "L")              # record #49

@@ -142,8 +142,8 @@ class GPTConfig:
             resolves it once, before building the model
             (:meth:`speedrun.train_config.TrainConfig.resolved_for`): the log's ``config`` and
             ``attention_backend`` header lines show the backend that ran. A model built directly with
-            ``"auto"`` resolves it at each attention call (cached per device), taking its windows as
-            Python numbers as every backend but ``flex`` does.
+            ``"auto"`` resolves it at each attention call (cached per device; resolve it first when the
+            model is compiled), taking its windows as Python numbers as every backend but ``flex`` does.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk; ``"fused"`` computes loss and logit gradients in one pass over bf16
             logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`).

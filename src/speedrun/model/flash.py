@@ -21,7 +21,6 @@ Shape legend: T tokens, H heads, D head_dim, S cu_seqlens slots.
 
 from __future__ import annotations
 
-import functools
 import importlib
 from typing import Any, Callable
 
@@ -53,11 +52,22 @@ def unavailable_reason(library: str) -> str | None:
 
 def clear_cache() -> None:
     """Forget what :func:`load` found (tests inject a fake module, then load again)."""
-    _load.cache_clear()
+    _LOADED.clear()
 
 
-@functools.cache
+# library -> (function, None) or (None, reason). A plain dict, not functools.cache: torch.compile traces a
+# dict lookup as a guarded constant, but traces *through* an lru_cache wrapper into the imports (a graph
+# break). speedrun.model.block loads the library when a block is built, before anything is compiled.
+_LOADED: dict[str, tuple[Callable[..., Any] | None, str | None]] = {}
+
+
 def _load(library: str) -> tuple[Callable[..., Any] | None, str | None]:
+    if library not in _LOADED:
+        _LOADED[library] = _find(library)
+    return _LOADED[library]
+
+
+def _find(library: str) -> tuple[Callable[..., Any] | None, str | None]:
     if library == "fa3":
         return _load_fa3()
     if library == "fa4":
