@@ -124,10 +124,14 @@ calls() {   # the device calls to make, from the call folders
     for i in $(seq 1 "$n"); do
         local size cmd="bash benchmarks/fa4_carry.sh receive $i"
         size=$(du -sb "$CARRY/call$i" | cut -f1)
-        [ "$i" -eq "$n" ] && cmd="$cmd && { bash benchmarks/fa4_carry.sh install; bash benchmarks/fa4_carry.sh bench --out \$OUT/attention_backends.jsonl; }"
+        if [ "$i" -eq "$n" ]; then
+            cmd="$cmd && { bash benchmarks/fa4_carry.sh install;"
+            cmd="$cmd bash benchmarks/fa4_carry.sh bench --out \$OUT/attention_backends.jsonl; }"
+        fi
         echo "  call $i: carry [\"$CARRY/call$i\"] ($size bytes); command: $cmd"
     done
-    echo "  then, same lease, carrying nothing: PYTHONPATH=\$(bash benchmarks/fa4_carry.sh pythonpath):src python3 -m pytest -q -m gpu tests/test_attention_flash.py tests/test_attention.py"
+    echo "  then, same lease, carrying nothing: PYTHONPATH=\$(bash benchmarks/fa4_carry.sh pythonpath):src" \
+         "python3 -m pytest -q -m gpu tests/test_attention_flash.py tests/test_attention.py"
 }
 
 receive() {   # receive N: this call's pieces into the stage under /tmp
@@ -147,10 +151,12 @@ join_and_check() {   # every piece present, parts joined, every wheel's sha256 r
         [ -f "$FA4_STAGE/$name" ] || missing="$missing $name ($call)"
     done < "$FA4_STAGE/PIECES"
     [ -z "$missing" ] || die "missing pieces:$missing; the lease went cold or a call was skipped: start again at call 1"
-    local wheel
+    local wheel parts
     for wheel in $(awk '{print $2}' "$FA4_STAGE/SHA256SUMS"); do
-        if [ ! -f "$FA4_STAGE/$wheel" ]; then
-            cat "$FA4_STAGE/$wheel".part-* > "$FA4_STAGE/$wheel.joining" && mv "$FA4_STAGE/$wheel.joining" "$FA4_STAGE/$wheel"
+        parts=$(ls "$FA4_STAGE/$wheel".part-* 2> /dev/null || true)
+        if [ -n "$parts" ]; then          # joined afresh each time: a stale join never hides the parts
+            # shellcheck disable=SC2086
+            cat $parts > "$FA4_STAGE/$wheel.joining" && mv "$FA4_STAGE/$wheel.joining" "$FA4_STAGE/$wheel"
         fi
     done
     (cd "$FA4_STAGE" && sha256sum --quiet -c SHA256SUMS) || die "sha256 check failed in $FA4_STAGE"
