@@ -323,10 +323,12 @@ def resolve_backend(name: str, device: torch.device | str) -> str:
     on any other device ``"sdpa_docs"`` (the fastest on a CPU). Resolved once per (device type, GPU
     capability): the first call may import FA3/FA4, or download FA3 through the ``kernels`` hub.
 
-    Why this order: FA3 is the kernel of the records since #29 (speedrun-spec.md 2.3) and FA4 its
-    successor, both faster than the FA2-class kernels; FlexAttention and ``varlen_attn`` measured the same
-    on one H200 (1.35/1.68/1.87 ms for windows 384/896/1792 tokens, forward + backward, 49,152 tokens,
-    ../shared/docs/gpu-notes.md), and varlen needs no block mask per forward pass, so it goes first."""
+    Why this order: FA3 is the kernel of the records since #29 (speedrun-spec.md 2.3; its paper reports
+    1.5-2x FlashAttention-2 on an H100) and FA4 its CuTe-DSL successor; both are untimed here so far
+    (benchmarks/attention_backends.py on a GPU). FlexAttention and ``varlen_attn`` (FA2-class) measured
+    the same on one H200 (1.35/1.68/1.87 ms for windows of 384/896/1792 tokens, forward + backward, 49,152
+    tokens; ../shared/docs/gpu-notes.md); varlen goes first as it builds no block mask per forward pass,
+    at the price of one compiled graph per window setting (flex takes the windows as graph inputs)."""
     if name != "auto":
         return name
     device = torch.device(device)
