@@ -62,7 +62,7 @@ def brute_force(y, q, k, v, w1, w2, cu_seqlens, scale, window) -> torch.Tensor:
     mixes the heads' probabilities with w1 RMS-normalised over the heads (eps 1e-6); head h adds
     w2[t, h] · sum_s A[t, s] v[s, h]."""
     T, H, _ = q.shape
-    y, q, k, v, w1, w2 = (t.double() for t in (y, q, k, v, w1, w2))
+    y, q, k, v, w1, w2 = (t.detach().double() for t in (y, q, k, v, w1, w2))
     bounds = [int(b) for b in cu_seqlens]
     out = y.clone()
     for t in range(T):
@@ -168,6 +168,18 @@ def test_auto_on_cpu_is_the_reference():
     cu = torch.tensor([0, 10], dtype=torch.int32)
     assert torch.equal(dc_attention(**inputs, cu_seqlens=cu, scale=0.5),
                        dc_attention(**inputs, cu_seqlens=cu, scale=0.5, impl="reference"))
+
+
+def test_reference_traces_as_one_graph_with_tensor_scale():
+    """torch.compile(fullgraph=True) raises on a graph break; the eager backend keeps the test fast."""
+    inputs = {name: t.requires_grad_() for name, t in random_inputs(20, 2, 4, dtype=torch.float32).items()}
+    cu = torch.tensor([0, 7, 20, 20], dtype=torch.int32)
+    compiled = torch.compile(dc_attention, fullgraph=True, backend="eager")
+    out = compiled(**inputs, cu_seqlens=cu, scale=torch.tensor(0.5), window=6)
+    expected = brute_force(**inputs, cu_seqlens=cu.tolist(), scale=0.5, window=6)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert all(t.grad is not None for t in inputs.values())
 
 
 def test_bad_arguments_raise_speedrun_error():

@@ -34,6 +34,9 @@ Implementations, one interface (:func:`dc_attention`):
 * ``"triton"``: :mod:`speedrun.kernels.dc_attention`, a Triton forward and backward (CUDA; bf16 in the
   model, window <= 128).
 * ``"auto"``: ``"triton"`` for CUDA tensors when the ``triton`` package is installed, else ``"reference"``.
+
+Importing this module imports the Triton kernels' module (and so ``triton``) when the package is installed:
+a compiled model cannot import it inside its graph. All three run under ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ DC_WINDOW = 112                 # record #85's window W in tokens, the query's o
 W1_NORM_EPS = 1e-6              # eps of the RMS norm of w1 over the heads (record #85's dc_gate)
 BLOCK_QUERIES = 128             # queries per block of the reference implementation
 IMPLS = ("auto", "reference", "triton")
+# The Triton path, resolved at import (None without the triton package): torch.compile cannot trace an import.
+_TRITON_CORRECTION = optional_kernel("dc_attention", "dc_correction")
 
 
 def document_starts(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -100,7 +105,7 @@ def dc_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     compute = torch.promote_types(q.dtype, torch.float32)
     u = F.rms_norm(w1.to(compute), (H,), eps=W1_NORM_EPS)                                # (T, H)
     starts = document_starts(cu_seqlens, T)                                              # (T,)
-    kernel = optional_kernel("dc_attention", "dc_correction") if impl != "reference" else None
+    kernel = _TRITON_CORRECTION
     if impl == "triton" and kernel is None:
         raise SpeedrunError("dc_attention: impl 'triton' needs the triton package (pip install triton)")
     if impl == "triton" or (impl == "auto" and q.is_cuda and kernel is not None):
@@ -110,10 +115,11 @@ def dc_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 def _blocks(x: torch.Tensor, n_blocks: int, block: int, before: int) -> torch.Tensor:
     """(n_blocks, before + block, H, Dh): block i holds rows i·block - before .. (i+1)·block - 1 of
-    x (T, H, Dh), zeros outside 0..T-1 (a copy; rows shared by neighbouring blocks appear in both)."""
+    x (T, H, Dh), zeros outside 0..T-1 (a gather: rows shared by neighbouring blocks appear in both)."""
     T = x.size(0)
     padded = F.pad(x, (0, 0, 0, 0, before, n_blocks * block - T))             # (before + n·block, H, Dh)
-    return padded.unfold(0, before + block, block).permute(0, 3, 1, 2)         # (n, before + block, H, Dh)
+    rows = torch.arange(n_blocks, device=x.device)[:, None] * block + torch.arange(before + block, device=x.device)
+    return padded[rows]                                                         # (n, before + block, H, Dh)
 
 
 def dc_attention_reference(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
