@@ -47,7 +47,11 @@ from speedrun.kernels import require
 BLOCK_M = 16                    # queries per program
 MAX_WINDOW = 128                # the largest window W: BK = 256 keys per program at most
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_NUM_WARPS = 4
+# Launch settings as autotune configs (one each: nothing is benchmarked). Not yet measured on a GPU; HEAD's
+# kernels of the same tiling (16 queries, 128 keys) run 4-8 warps. A second backward config would need
+# ``reset_to_zero=["dk_ptr", "dv_ptr"]`` (benchmarking launches it repeatedly onto its atomic buffers).
+_FORWARD_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2)]
+_BACKWARD_CONFIGS = [triton.Config({}, num_warps=4, num_stages=2)]
 
 
 @triton.jit
@@ -108,6 +112,7 @@ def _mixed(q_ptr, k_ptr, u_ptr, t, s, t_mask, s_mask, valid, scale, H: tl.conste
     return mixed
 
 
+@triton.autotune(configs=_FORWARD_CONFIGS, key=["H", "DH", "WINDOW"])
 @triton.jit
 def _dc_forward_kernel(y_ptr, q_ptr, k_ptr, v_ptr, u_ptr, w2_ptr, starts_ptr, scale_ptr, out_ptr, T,
                        H: tl.constexpr, DH: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -125,6 +130,7 @@ def _dc_forward_kernel(y_ptr, q_ptr, k_ptr, v_ptr, u_ptr, w2_ptr, starts_ptr, sc
                  mask=t_mask[:, None])
 
 
+@triton.autotune(configs=_BACKWARD_CONFIGS, key=["H", "DH", "WINDOW"])
 @triton.jit
 def _dc_backward_kernel(g_ptr, q_ptr, k_ptr, v_ptr, u_ptr, w2_ptr, starts_ptr, scale_ptr,
                         dq_ptr, dk_ptr, dv_ptr, du_ptr, dw2_ptr, T,
@@ -158,9 +164,9 @@ def _dc_backward_kernel(g_ptr, q_ptr, k_ptr, v_ptr, u_ptr, w2_ptr, starts_ptr, s
 
 
 def _meta(q: torch.Tensor, window: int) -> dict:
-    """The kernels' shape constants and launch settings for q (T, H, Dh) and the window."""
+    """The kernels' shape constants for q (T, H, Dh) and the window."""
     return {"H": q.size(1), "DH": q.size(2), "WINDOW": window, "BLOCK_M": BLOCK_M,
-            "BLOCK_K": triton.next_power_of_2(BLOCK_M + window - 1), "num_warps": _NUM_WARPS}
+            "BLOCK_K": triton.next_power_of_2(BLOCK_M + window - 1)}
 
 
 def _grid(T: int) -> tuple[int]:
