@@ -36,7 +36,11 @@ Implementations, one interface (:func:`dc_attention`):
 * ``"auto"``: ``"triton"`` for CUDA tensors when the ``triton`` package is installed, else ``"reference"``.
 
 Importing this module imports the Triton kernels' module (and so ``triton``) when the package is installed:
-a compiled model cannot import it inside its graph. All three run under ``torch.compile(fullgraph=True)``.
+a compiled model cannot import it inside its graph. The reference traces as one graph (a CPU test, eager
+backend); the Triton path is one graph of two custom operators (a GPU test compiles it with Inductor).
+
+Against record #85's own code (HEAD's dc_triton_kernels.py): the same maths, window, masking and scale; its
+dc_gate rounds the normalised w1 and w2 to bf16 before the kernel, here they stay fp32.
 """
 
 from __future__ import annotations
