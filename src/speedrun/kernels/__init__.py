@@ -5,6 +5,8 @@
 :func:`speedrun.model.loss.softcapped_cross_entropy` off CUDA).
 ``qk_norm_rotary``: QK-norm and RoPE of q and k in one kernel (reference: ``rms_norm`` then
 :func:`speedrun.model.rotary.apply_rotary`; switch ``model.rotary_kernel``).
+``dc_attention``: lightweight DC attention's correction, forward and backward (record #85; reference and
+interface :func:`speedrun.model.dc.dc_attention`).
 
 Importing this package imports nothing (no Triton, no CUDA); import the kernel module you need, which needs
 the ``triton`` package, or ask :func:`optional_kernel` for one of its functions.
