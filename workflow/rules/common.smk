@@ -11,9 +11,9 @@ from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS
-from speedrun.planning import check_training_data, schema_error_message
-from speedrun.sources import module_files
-from speedrun.train_config import TrainConfig
+from speedrun.workflow.planning import check_training_data, schema_error_message
+from speedrun.workflow.sources import module_files
+from speedrun.training.config import TrainConfig
 
 
 # The stages' commands (speedrun, torchrun) are installed beside the Python that runs Snakemake (.venv/bin):
@@ -356,7 +356,7 @@ def get_bos_dir(wildcards):
 
 
 _checked = set()
-# The settings speedrun.planning.check_training_data reads: variants that share them (they usually differ in
+# The settings speedrun.workflow.planning.check_training_data reads: variants that share them (they usually differ in
 # optimizer or model settings only) share one simulation of the loader, which takes about a second at
 # FineWeb scale (3,200 steps over 2.4B tokens).
 DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule")

@@ -3,8 +3,9 @@
 # on several Slurm nodes one torchrun per node with c10d rendezvous. Training arguments must never be
 # abbreviations of torchrun options (torchrun reads `--log` as its --log-dir): hence `--out`.
 # Runs start seed by seed, the variants alternating (priority), so that drift hits every variant alike.
-# Each process first checks that its node shows the GPUs config.yaml `cluster` asks for (speedrun.preflight);
-# those settings are not params: a run on other GPUs of the same kind is not a new run.
+# Each process first checks that its node shows the GPUs config.yaml `cluster` asks for
+# (speedrun.training.preflight); those settings are not params: a run on other GPUs of the same kind is not a new
+# run.
 
 
 rule train:

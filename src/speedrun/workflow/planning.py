@@ -19,6 +19,7 @@ from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits
 from speedrun.data.loader import steps_available
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.optim.schedules import batch_stages
+from speedrun.training.data import cut_documents_hint
 
 
 def schema_error_message(config_files: str, error: BaseException) -> str:
@@ -92,18 +93,6 @@ def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise SpeedrunError(f"{what}: training setting `{key}` is {value!r}; expected a positive integer")
     return value
-
-
-def cut_documents_hint(fed_steps: int, tokens_per_step: int, train_tokens: int, max_seq_len: int) -> str:
-    """A sentence for a "the shards feed too few steps" error when the steps they feed read less than half
-    of the ``train_tokens`` the shards hold (tokens per step x steps, about, under a batch schedule): the
-    loader cuts documents at ``max_seq_len`` and drops their tails, which on a corpus of long documents
-    (debian-docs: 64% of its tokens at 2,048) is where the data went. Empty otherwise."""
-    used = fed_steps * tokens_per_step
-    if used >= train_tokens / 2:
-        return ""
-    return (f" Those steps read about {used} of the {train_tokens} train tokens: documents longer than "
-            f"max_seq_len {max_seq_len} lose their tails; a larger max_seq_len uses more of them.")
 
 
 def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir: str | Path, what: str,

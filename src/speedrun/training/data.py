@@ -15,9 +15,8 @@ from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits
 from speedrun.data.loader import steps_available
 from speedrun.data.shards import load_shard, sha256_file
 from speedrun.errors import SpeedrunError
-from speedrun.planning import cut_documents_hint
-from speedrun.runlog import sha256_text
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.runlog import sha256_text
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,18 @@ def _bos_index(shards_dir: Path, bos_dir: Path, entry: dict[str, Any],
         raise SpeedrunError(f"{bos_dir / index['file']}: expected {index['count']} int64 positions, found shape "
                             f"{positions.shape} of {positions.dtype}; rerun the bos_index stage")
     return positions
+
+
+def cut_documents_hint(fed_steps: int, tokens_per_step: int, train_tokens: int, max_seq_len: int) -> str:
+    """A sentence for a "the shards feed too few steps" error when the steps they feed read less than half
+    of the ``train_tokens`` the shards hold (tokens per step x steps, about, under a batch schedule): the
+    loader cuts documents at ``max_seq_len`` and drops their tails, which on a corpus of long documents
+    (debian-docs: 64% of its tokens at 2,048) is where the data went. Empty otherwise."""
+    used = fed_steps * tokens_per_step
+    if used >= train_tokens / 2:
+        return ""
+    return (f" Those steps read about {used} of the {train_tokens} train tokens: documents longer than "
+            f"max_seq_len {max_seq_len} lose their tails; a larger max_seq_len uses more of them.")
 
 
 def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
