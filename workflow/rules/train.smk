@@ -17,17 +17,17 @@ rule train:
         code=code("speedrun.train"),
     params:
         config=get_train_config_json,
-        world_size=get_world_size,
-        device=get_train_device,
-    threads: get_train_threads
+        world_size=lambda w: get_placement(w).world_size,
+        device=lambda w: get_placement(w).device,
+    threads: lambda w: get_placement(w).procs_per_node
     priority: get_train_priority
     resources:
-        gpu=get_train_gpus,
-        nodes=get_train_nodes,
-        gres=get_train_gres,
-        mpi=get_train_mpi,
-        tasks=get_train_tasks,
-        tasks_per_gpu=get_train_tasks_per_gpu,
+        gpu=lambda w: get_placement(w).gpus,
+        nodes=lambda w: get_placement(w).nodes,
+        gres=lambda w: get_placement(w).gres,
+        mpi=lambda w: get_placement(w).mpi,
+        tasks=lambda w: get_placement(w).tasks,
+        tasks_per_gpu=lambda w: get_placement(w).tasks_per_gpu,
     log:
         "logs/train/{variant}/seed{seed}.log",
     shell:
