@@ -1,6 +1,6 @@
 """Training and validation throughput of a model preset on the CPU (tokens/s), on one thread by default.
 
-Runs the stage's own step (:func:`speedrun.train.train_step` + the optimizers) on synthetic packed
+Runs the stage's own step (:func:`speedrun.training.loop.train_step` + the optimizers) on synthetic packed
 micro-batches of random tokens (documents of 300-1500 tokens), after untimed warm-up steps, and the
 validation forward on chunks of ``--val-batch-tokens``. The figure sizes the default experiment: a run
 costs about steps * tokens_per_step / train_tokens_per_s + evaluations * val_tokens / val_tokens_per_s.
@@ -23,8 +23,8 @@ import torch
 from speedrun.data.loader import MicroBatch, to_torch
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import build_optimizers
-from speedrun.train import evaluate, train_step
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import evaluate, train_step
 
 
 def synthetic_micro_batch(tokens: int, rng: np.random.Generator) -> MicroBatch:

@@ -20,8 +20,8 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.adam import CautiousAdam
 from speedrun.optim.groups import ADAM_KINDS, OptimConfig, build_optimizers
-from speedrun.planning import schema_error_message
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.workflow.planning import schema_error_message
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64

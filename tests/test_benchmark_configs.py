@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "configs").glob("*.yaml"))
 

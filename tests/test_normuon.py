@@ -14,7 +14,7 @@ from speedrun.optim.adam import CautiousAdam
 from speedrun.optim.groups import OptimConfig, build_optimizers
 from speedrun.optim.muon import Muon, cautious_mask, second_moment_shape, variance_normalize
 from speedrun.optim.orthogonalize import orthogonalize
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 def _rows_normalized(rows, second_moments, target_norm):

@@ -17,8 +17,8 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, build_optimizers
 from speedrun.optim.muon import Muon
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 from synthetic_data import counting_documents, write_dataset
 from test_train import QUICK, SMALL, _run_ranks
 

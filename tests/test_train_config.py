@@ -1,4 +1,4 @@
-"""``speedrun train``'s settings (:mod:`speedrun.train_config`): building and validating a TrainConfig, the
+"""``speedrun train``'s settings (:mod:`speedrun.training.config`): building and validating a TrainConfig, the
 settings derived from it (batch stages, optimizer and schedule configs), and the ``--config`` argument."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from speedrun.errors import SpeedrunError
-from speedrun.planning import schema_error_message
-from speedrun.train_config import TrainConfig, load_config_argument, resolve_dtype
+from speedrun.training.config import TrainConfig, load_config_argument, resolve_dtype
+from speedrun.workflow.planning import schema_error_message
 from test_train import QUICK, SMALL
 
 WINDOWED = {**QUICK, "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True}}   # 6 steps, 2 layers

@@ -11,7 +11,7 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.model.windows import check_window_pattern, layer_windows, window_tokens
 from speedrun.optim.schedules import stage_index, window_blocks
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 def test_layer_windows_by_hand():

@@ -57,7 +57,7 @@ class GPTConfig:
             :func:`speedrun.model.rotary.rotary_table`). A packed sequence may hold at most P tokens, P/2 when
             any layer pairs heads (the doubled sequence has positions up to 2T-1); a longer forward pass
             raises ``ValueError``. ``speedrun train`` sizes it to the run unless set
-            (:meth:`speedrun.train_config.TrainConfig.model_config`).
+            (:meth:`speedrun.training.config.TrainConfig.model_config`).
         attention_scale: None for 1/sqrt(head_dim), or the scale of q·k (record #31: 0.1).
         yarn: rescale the rotary frequencies and the attention scale whenever the long window grows (YaRN,
             record #31; alpha 1, beta 32, scale x(1 + 0.2 ln(new/old))). Needs a window_pattern.
