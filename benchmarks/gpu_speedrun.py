@@ -172,7 +172,7 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     from speedrun.training.loop import _Run, train_step
     from speedrun.training.runlog import RunLog
 
-    device = resolve_device(config.device, 0)
+    device = resolve_device(config.compute.device, 0)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))
     run.warm_up()
     run.train(0)

@@ -58,21 +58,21 @@ def adam_groups(model, config: OptimConfig) -> tuple[torch.optim.Optimizer, dict
 def test_the_setting_travels_from_yaml_to_the_optim_config_and_back_through_json():
     settings = yaml.safe_load("adam_kind_betas: {head: [0.5, 0.95], embed: [0.75, 0.95], scalar: [0.9, 0.99]}")
     cfg = TrainConfig.from_dict({"model": {"n_layer": 2}, "adam_betas": [0.8, 0.9], **settings})
-    assert cfg.adam_kind_betas == RECORD and cfg.adam_betas == (0.8, 0.9)
-    assert all(type(pair) is tuple for pair in cfg.adam_kind_betas.values())
-    optim = cfg.optim_config()
+    assert cfg.optimizer.adam_kind_betas == RECORD and cfg.optimizer.adam_betas == (0.8, 0.9)
+    assert all(type(pair) is tuple for pair in cfg.optimizer.adam_kind_betas.values())
+    optim = cfg.optimizer
     assert optim.adam_kind_betas == RECORD and optim.adam_betas == (0.8, 0.9)
     written = json.loads(cfg.to_json())["adam_kind_betas"]
     assert written == {"head": [0.5, 0.95], "embed": [0.75, 0.95], "scalar": [0.9, 0.99]}
     again = TrainConfig.from_dict({"model": {"n_layer": 2}, "adam_betas": [0.8, 0.9], "adam_kind_betas": written})
     assert again == cfg
-    partial = TrainConfig.from_dict({"adam_kind_betas": {"scalar": [0.9, 0.99]}}).optim_config()
+    partial = TrainConfig.from_dict({"adam_kind_betas": {"scalar": [0.9, 0.99]}}).optimizer
     assert partial.adam_kind_betas == {"scalar": (0.9, 0.99)}
 
 
 def test_the_default_is_an_empty_mapping():
-    assert TrainConfig().adam_kind_betas == {} and OptimConfig().adam_kind_betas == {}
-    assert TrainConfig.from_dict({}).optim_config().adam_kind_betas == {}
+    assert TrainConfig().optimizer.adam_kind_betas == {} and OptimConfig().adam_kind_betas == {}
+    assert TrainConfig.from_dict({}).optimizer.adam_kind_betas == {}
     assert json.loads(TrainConfig().to_json())["adam_kind_betas"] == {}
 
 
@@ -101,8 +101,9 @@ def test_a_wrong_value_names_the_setting_the_kind_and_the_value(value, message):
 def test_a_pair_given_directly_must_be_a_tuple_as_adam_betas():
     """Only from_dict turns YAML's lists into tuples; a list given to the constructor is refused, not kept."""
     with pytest.raises(SpeedrunError, match=r"adam_kind_betas\.head must be a pair \[beta1, beta2\], got \[0\.5"):
-        TrainConfig(adam_kind_betas={"head": [0.5, 0.95]})
-    assert TrainConfig(adam_kind_betas={"head": (0.5, 0.95)}).adam_kind_betas == {"head": (0.5, 0.95)}
+        TrainConfig(optimizer=OptimConfig(adam_kind_betas={"head": [0.5, 0.95]}))
+    paired = TrainConfig(optimizer=OptimConfig(adam_kind_betas={"head": (0.5, 0.95)}))
+    assert paired.optimizer.adam_kind_betas == {"head": (0.5, 0.95)}
 
 
 # ---- the optimizer groups ------------------------------------------------------------------------------

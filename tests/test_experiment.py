@@ -34,8 +34,8 @@ def test_the_default_experiment_resolves_each_variant():
     assert experiment.corpus_fixed
     candidate = experiment.variant("candidate")
     assert candidate.seeds == (0, 1, 2)
-    assert candidate.train.muon_lr == 0.04 and candidate.train.head_lr == 0.03
-    assert candidate.train.dtype == "float32"                              # `auto` on a CPU
+    assert candidate.train.optimizer.muon_lr == 0.04 and candidate.train.optimizer.head_lr == 0.03
+    assert candidate.train.compute.dtype == "float32"                              # `auto` on a CPU
     params = json.loads(candidate.params)
     assert (params["muon_lr"], params["dtype"], params["model"], params["steps"]) == (0.04, "float32", {}, 60)
     assert "nodes" not in params
@@ -123,7 +123,7 @@ def test_each_variants_settings_are_built_once(monkeypatch):
     original = TrainConfig.__post_init__
 
     def counting(self):
-        built.append(self.muon_lr)
+        built.append(self.optimizer.muon_lr)
         original(self)
 
     monkeypatch.setattr(TrainConfig, "__post_init__", counting)

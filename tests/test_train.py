@@ -85,7 +85,7 @@ def test_a_short_run_writes_the_documented_log_and_learns(synthetic, tmp_path):
     fields = dict(line.split(": ", 1) for line in header if not line.startswith("Running "))
     assert list(fields)[:4] == ["speedrun", "variant", "seed", "config"]
     assert fields["speedrun"] == "0.1.0" and fields["variant"] == "base" and fields["seed"] == "3"
-    assert cfg.dtype == "auto" and json.loads(fields["config"])["dtype"] == "float32"   # resolved for the CPU
+    assert cfg.compute.dtype == "auto" and json.loads(fields["config"])["dtype"] == "float32"   # resolved for the CPU
     assert fields["config"] == cfg.resolved_for("cpu").to_json()
     assert fields["config_sha256"] == hashlib.sha256(fields["config"].encode()).hexdigest()
     assert (fields["world_size"], fields["tokens_per_step"], fields["val_tokens"], fields["device"]) == \

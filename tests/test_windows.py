@@ -85,7 +85,7 @@ def test_a_token_beyond_the_windows_receptive_field_changes_nothing(pattern, sho
 def test_train_settings_for_windows():
     cfg = TrainConfig.from_dict({"steps": 9, "model": {"window_pattern": "SLSL"},
                                  "window_schedule": [[1, 2], [2, 4], [3, 6]], "final_window_long_blocks": 8})
-    assert cfg.window_schedule == ((1, 2), (2, 4), (3, 6))
+    assert cfg.schedule.window_schedule == ((1, 2), (2, 4), (3, 6))
     assert [cfg.window_blocks_at(s) for s in (0, 2, 3, 6, 8, 9)] == [(1, 2), (1, 2), (2, 4), (3, 6), (3, 6),
                                                                      (3, 8)]
     only_final = TrainConfig.from_dict({"steps": 9, "model": {"window_pattern": "SLSL"},

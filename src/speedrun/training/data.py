@@ -109,6 +109,6 @@ def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
         hint = cut_documents_hint(fed, config.tokens_per_step, sum(map(len, data.train_shards)), config.max_seq_len)
         raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
                             f"than train.steps = {config.steps}; add shards or lower steps.{hint}")
-    if len(data.val_tokens) < config.val_tokens + 1:
+    if len(data.val_tokens) < config.evaluation.val_tokens + 1:
         raise SpeedrunError(f"the validation shard holds {len(data.val_tokens)} tokens, fewer than "
-                            f"train.val_tokens + 1 = {config.val_tokens + 1}")
+                            f"train.val_tokens + 1 = {config.evaluation.val_tokens + 1}")

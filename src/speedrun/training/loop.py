@@ -155,7 +155,7 @@ def _dummy_batch(tokens: int, device: torch.device) -> Batch:
 
 def validation_steps(config: TrainConfig) -> list[int]:
     """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``)."""
-    every = set(range(0, config.steps, config.val_every)) if config.val_every else set()
+    every = set(range(0, config.steps, config.evaluation.val_every)) if config.evaluation.val_every else set()
     return sorted({0, config.steps} | every)
 
 
@@ -185,8 +185,8 @@ def warm_up_steps(config: TrainConfig) -> list[int]:
     #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan` replays them, all
     or (windows as graph inputs) one per graph."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
-    if config.window_schedule:
-        steps |= set(stage_starts(config.steps, len(config.window_schedule)))
+    if config.schedule.window_schedule:
+        steps |= set(stage_starts(config.steps, len(config.schedule.window_schedule)))
     return sorted(s for s in steps if s < config.steps)
 
 
@@ -204,14 +204,14 @@ class _Run:
         self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
         self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
         self.optimizers: Optimizers = build_optimizers(
-            self.model, self.model.parameter_kinds(), dataclasses.replace(config.optim_config(), langevin_seed=seed))
-        self.forward = self._compiled() if config.compile else self.model
+            self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
+        self.forward = self._compiled() if config.compute.compile else self.model
         self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
                                          config.batch_at(0)[1])
         self.val = [to_torch(mb, device) for mb in validation_batches(
-            data.val_tokens, data.val_bos, config.val_tokens, config.val_batch_tokens, launch.rank,
-            launch.world_size)]
-        enabled = resolve_dtype(config.dtype, device.type) == "bfloat16"      # dtype auto: bf16 on CUDA only
+            data.val_tokens, data.val_bos, config.evaluation.val_tokens, config.evaluation.val_batch_tokens,
+            launch.rank, launch.world_size)]
+        enabled = resolve_dtype(config.compute.dtype, device.type) == "bfloat16"      # dtype auto: bf16 on CUDA only
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
         self.result = RunResult()
@@ -243,7 +243,7 @@ class _Run:
         limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         allow_training_graph_cache()
-        mode = None if self.config.compile_mode == "default" else self.config.compile_mode
+        mode = None if self.config.compute.compile_mode == "default" else self.config.compute.compile_mode
         return torch.compile(self.model, dynamic=False, mode=mode)
 
     def evaluate(self, batches: list[Batch], world_size: int) -> float:
@@ -277,7 +277,7 @@ class _Run:
         cfg = self.config
         self.optimizers.apply_schedule(step, cfg.schedule_config())
         self.set_windows(step)
-        if step == cfg.untie_step and self.model.tied:
+        if step == cfg.schedule.untie_step and self.model.tied:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         max_seq_len = cfg.batch_at(step)[1]
@@ -300,7 +300,7 @@ class _Run:
         validation step in it, so that no graph is compiled during the run; then puts back the schedule
         state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes."""
         start = _now()
-        if not self.config.compile:
+        if not self.config.compute.compile:
             return 0.0
         model, cfg = self.model, self.config
         saved = model.schedule_state()
@@ -323,7 +323,7 @@ class _Run:
         cfg = self.config
         self.clock.start()
         for step in range(cfg.steps + 1):
-            if step == cfg.steps or step == 0 or (cfg.val_every and step % cfg.val_every == 0):
+            if step == cfg.steps or step == 0 or (cfg.evaluation.val_every and step % cfg.evaluation.val_every == 0):
                 if not self.validate(step):
                     return self._diverged("val_loss", step)
             if step == cfg.steps:
@@ -355,8 +355,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     env = os.environ if env is None else env
     launch = Launch(env)
     launch.check(config)
-    preflight(config.device, gpus, env, config.world_size)
-    device = resolve_device(config.device, launch.local_rank)
+    preflight(config.compute.device, gpus, env, config.world_size)
+    device = resolve_device(config.compute.device, launch.local_rank)
     config = config.resolved_for(device)                  # dtype auto -> bfloat16 on CUDA, float32 on a CPU
     data = load_training_data(shards_dir, bos_dir)
     check_data_feeds(config, data)
@@ -402,7 +402,7 @@ def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device
     return {"speedrun": __version__, "variant": variant, "seed": seed, "config": settings,
             "config_sha256": sha256_text(settings), **code_version(),
             "world_size": launch.world_size, "tokens_per_step": config.batch_at(config.steps - 1)[0],
-            "val_tokens": config.val_tokens, "train_data_sha256": data.train_sha256,
+            "val_tokens": config.evaluation.val_tokens, "train_data_sha256": data.train_sha256,
             "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size)}
 
 

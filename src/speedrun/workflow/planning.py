@@ -9,9 +9,10 @@ checked first (:func:`check_config_syntax`, :func:`schema_error_message`).
 
 Can the shards feed a run before it is scheduled? The public BOS-aligned loader once ran out of data mid-run
 (modded-nanogpt PR #120). The workflow calls :func:`check_training_data` for every variant
-(:meth:`Experiment.check_data`) as soon as the BOS index exists, before any training job starts, and refuses a run whose planned steps the train shards cannot feed, or whose validation tokens the
-validation shard does not hold. The loader is simulated exactly (no token is copied), so documents cut at
-``max_seq_len`` and the tails dropped by BOS alignment are counted.
+(:meth:`Experiment.check_data`) as soon as the BOS index exists, before any training job starts, and refuses a
+run whose planned steps the train shards cannot feed, or whose validation tokens the validation shard does not
+hold. The loader is simulated exactly (no token is copied), so documents cut at ``max_seq_len`` and the tails
+dropped by BOS alignment are counted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS
 from speedrun.optim.schedules import batch_stages
-from speedrun.training.config import ComputeDtype, TrainConfig, resolve_dtype
+from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
 from speedrun.training.data import cut_documents_hint, steps_fed
 
 # Where a refused training setting is written when no variant overrides it.
@@ -54,8 +55,8 @@ class Placement:
     (snakemake-executor-plugin-slurm issue #316). None: no such resource."""
 
     world_size: int
-    nodes: int
     device: str
+    nodes: int = 1
 
     @property
     def procs_per_node(self) -> int:
@@ -235,7 +236,7 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
 
 
 def _check_known_keys(where: str, sections: list[tuple[str, Mapping[str, Any]]]) -> None:
-    known = sorted([f.name for f in dataclasses.fields(TrainConfig)] + ["nodes"])
+    known = sorted([*TrainConfig.setting_names(), "nodes"])
     for section, settings in sections:
         for key in settings:
             if key not in known:
@@ -258,8 +259,8 @@ def _train_config(settings: Mapping[str, Any]) -> TrainConfig:
     change what they compute), its ``dtype: auto`` resolved for a ``cpu`` or ``cuda`` device, as ``speedrun
     train`` resolves it (:meth:`TrainConfig.resolved_for`) and its log's ``config:`` header shows it."""
     values = {k: v for k, v in settings.items() if k != "nodes"}
-    device = values.get("device", TrainConfig.device)
-    dtype = values.get("dtype", TrainConfig.dtype)
+    device = values.get("device", ComputeSettings.device)
+    dtype = values.get("dtype", ComputeSettings.dtype)
     if device in ("cpu", "cuda") and isinstance(dtype, str) and dtype in ComputeDtype.__args__:
         values["dtype"] = resolve_dtype(dtype, device)
     return TrainConfig.from_dict(values)
@@ -270,7 +271,7 @@ def train_settings(train: TrainConfig) -> dict[str, Any]:
     holding only the overrides whose value differs from the preset's (``n_layer: 4`` on the tiny preset changes
     nothing); ``rotary_positions`` always stays: written out, it stops the rotary tables being sized to the
     schedule (:meth:`TrainConfig.model_config`)."""
-    settings = json.loads(json.dumps(dataclasses.asdict(train)))
+    settings = json.loads(json.dumps(train.settings()))
     defaults = json.loads(json.dumps(dataclasses.asdict(PRESETS[train.preset])))
     settings["model"] = {k: v for k, v in settings["model"].items()
                          if k == "rotary_positions" or defaults.get(k, object()) != v}
@@ -287,7 +288,7 @@ def train_params(train: TrainConfig) -> str:
 def _placement(where: str, settings: Mapping[str, Any], train: TrainConfig, written: str) -> Placement:
     """Refuse a ``train.nodes`` that is not an integer >= 1 or does not divide ``train.world_size``
     (``written``: where the refused values are, a variant or the shared section)."""
-    nodes = settings.get("nodes", 1)
+    nodes = settings.get("nodes", Placement.nodes)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise SpeedrunError(f"{where}: {written}: train.nodes must be an integer >= 1, got "
                             f"{nodes!r}{number_text_hint(nodes)}")
@@ -295,7 +296,7 @@ def _placement(where: str, settings: Mapping[str, Any], train: TrainConfig, writ
         raise SpeedrunError(f"{where}: {written}: train.world_size {train.world_size} is not a multiple of "
                             f"train.nodes {nodes}; expected world_size = nodes x processes per node (every node "
                             "runs the same number)")
-    return Placement(world_size=train.world_size, nodes=nodes, device=train.device)
+    return Placement(world_size=train.world_size, nodes=nodes, device=train.compute.device)
 
 
 def _check_distinct(where: str, resolved: Mapping[str, Variant], baseline: str,
