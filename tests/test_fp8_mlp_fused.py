@@ -193,6 +193,55 @@ def test_fp8_casts_work_on_this_cpu():
     torch.testing.assert_close(t.to(E4M3).float(), t, rtol=0, atol=0)
 
 
+# ----------------------------------------------------------- Triton interpreter (CPU, child process)
+
+# name -> (tokens, C, F): partial last tiles with K = 128 (a multiple of BLOCK_K), and K = 96 (masked K)
+INTERPRETED = {"tiles": (160, 128, 288), "odd_k": (77, 96, 200)}
+
+
+def _interpreter_child(out_path) -> None:
+    """In the child (TRITON_INTERPRET=1): the FP8 up projection of each case with each autotune config, at
+    a post scale small enough that the largest values saturate; inputs and results saved to out_path."""
+    from speedrun.kernels import relu_square_mlp as kernels
+
+    results = {}
+    for index, config in enumerate(kernels._FP8_CONFIGS):
+        kernels._relu_square_fp8_kernel.configs = [config]
+        for name, (tokens, dim, hidden) in INTERPRETED.items():
+            x, w1, _, _ = random_mlp_inputs(tokens, dim, hidden, seed=index)
+            (x8, x_scale), (w8, w_scale) = quantize(x), quantize(w1)
+            post_scale = torch.tensor(0.004)                              # 448 · 0.004 = 1.79: some saturate
+            got = kernels.relu_square_matmul_fp8(x8, w8, x_scale * w_scale, post_scale)
+            results[(index, name)] = {"inputs": (x8, x_scale, w8, w_scale, post_scale), "got": got}
+    torch.save(results, out_path)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    from triton_interpreter import interpreted_results
+
+    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(INTERPRETED))
+def test_interpreted_fp8_kernel_matches_float64_with_every_config(interpreted, case):
+    runs = [run for key, run in interpreted.items() if key[1] == case]
+    assert len(runs) >= 2                                               # every autotune config ran
+    for run in runs:
+        x8, x_scale, w8, w_scale, post_scale = run["inputs"]
+        post, post8, partial_amax = run["got"]
+        pre = (x8.double() * float(x_scale)) @ (w8.double() * float(w_scale)).t()
+        want = torch.relu(pre).square()
+        assert post.dtype == torch.bfloat16 and post8.dtype == E4M3
+        assert rel_error(post, want) < 5 * 2 ** -9                         # bf16 rounding of post
+        assert float(partial_amax.max()) == pytest.approx(float(want.max()), rel=1e-2)
+        limit = E4M3_MAX * float(post_scale)
+        saturated = want > limit * 1.07                                   # beyond the rounding to 448
+        assert saturated.any() and (post8.float()[saturated] == E4M3_MAX).all()
+        assert rel_error(post8.double() * float(post_scale), want.clamp(max=limit)) < 2 ** -4
+
+
 # ---------------------------------------------------------------------------------------------- CUDA
 
 
@@ -259,3 +308,9 @@ def test_cuda_fp8_mlp_module_compiles_in_one_graph_and_updates_its_scale():
     for _ in range(3):
         counted(x)
     assert counter.frame_count == 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    _interpreter_child(sys.argv[1])
