@@ -13,6 +13,15 @@ Shape legend: T tokens, C model_dim, F hidden width (4·C).
   the only activation kept for the backward pass. Then ``g_W2 = g_outᵀ post``, ``g_W1 = g_preᵀ x`` and
   ``g_x = g_pre W1`` with torch.
 
+* FP8 (``relu_square_mlp_fp8``, records #84, #89; the scales are :mod:`speedrun.model.fp8_mlp`'s): the
+  forward product takes e4m3 x and W1 (fp32 accumulation, then the dequantization scale) and its epilogue
+  writes post twice, in bf16 for the backward and in e4m3 divided by the layer's delayed scale (saturating
+  at 448) for the down projection, which runs in ``torch._scaled_mm``; each tile also writes its max of
+  post, so the next scale costs no extra pass over post. The backward is the bf16 one above.
+  Why the up projection is a Triton FP8 product rather than ``_scaled_mm`` and a separate ReLU² +
+  quantize kernel: the epilogue then reads nothing, whereas the split would write and read ``pre`` (T, F)
+  in bf16 once more (about 0.6 GB at T=49152).
+
 Both Triton products are (T, C) x (C, F) -> (T, F) with fp32 accumulation, tiles of 128-256 x 128-256 x 64
 grouped by 8 tile rows for L2 reuse (Triton's matmul tutorial), a handful of autotune configs for Hopper
 (H200; T=49152, C=768, F=3072). The inputs may have any strides; rows and columns of a partial tile wrap
@@ -236,9 +245,9 @@ def relu_square_matmul_fp8(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: 
     ``dequant_scale`` () fp32 = x's scale · W1's scale, ``post_scale`` () fp32 the delayed scale of post
     -> ``(post, post8, partial_amax)``: post = relu(dequant_scale · x8 w1_8ᵀ)² (T, F) bf16 (for the bf16
     backward), post8 = min(post / post_scale, 448) (T, F) e4m3 (the down projection's operand; values past
-    the delayed scale's range saturate) and partial_amax (P,) fp32, the max of post over each tile (zeros
-    past the tiles launched): max(partial_amax) = max(post). Products accumulate in fp32; post8 is rounded
-    from the fp32 post, not from its bf16 copy.
+    the delayed scale's range saturate) and partial_amax (P,) fp32 (P >= 1), the max of post over each
+    tile (zeros past the tiles launched): max(partial_amax) = max(post). Products accumulate in fp32;
+    post8 is rounded from the fp32 post, not from its bf16 copy.
 
     Raises :class:`SpeedrunError` on shapes that do not chain, operands not e4m3, scales not () fp32, mixed
     devices.
@@ -247,8 +256,8 @@ def relu_square_matmul_fp8(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: 
     (M, K), N = x8.shape, w1_8.size(0)
     post = torch.empty((M, N), dtype=torch.bfloat16, device=x8.device)
     post8 = torch.empty((M, N), dtype=E4M3, device=x8.device)
-    partial_amax = torch.zeros(triton.cdiv(M, _MIN_TILE) * triton.cdiv(N, _MIN_TILE), dtype=torch.float32,
-                               device=x8.device)
+    partial_amax = torch.zeros(max(1, triton.cdiv(M, _MIN_TILE) * triton.cdiv(N, _MIN_TILE)),
+                               dtype=torch.float32, device=x8.device)
     if post.numel() == 0:
         return post, post8, partial_amax
     wrap_triton(_relu_square_fp8_kernel)[_grid(M, N)](
