@@ -6,6 +6,9 @@ bootstrap refreshes at the weight's own amax/448), saturation at 448 when the am
 and the plain PyTorch reference against the float64 MLP within FP8 tolerance, forward and gradients. Exact
 cases use values that e4m3 represents exactly: powers of two times the amax (448 = 1.75·2⁸).
 
+In Triton's interpreter (CPU, a child process, ``slow`` mark; tests/triton_interpreter.py): the FP8 up
+projection with every autotune config against float64 (post, the tile amaxes, post8 and its saturation).
+
 On CUDA (``gpu`` mark): the Triton kernel against the reference at the record's shape (T=16384, C=768,
 F=3072), forward and the input and weight gradients, eager and under torch.compile(fullgraph=True).
 """
@@ -239,7 +242,14 @@ def test_interpreted_fp8_kernel_matches_float64_with_every_config(interpreted, c
         limit = E4M3_MAX * float(post_scale)
         saturated = want > limit * 1.07                                   # beyond the rounding to 448
         assert saturated.any() and (post8.float()[saturated] == E4M3_MAX).all()
-        assert rel_error(post8.double() * float(post_scale), want.clamp(max=limit)) < 2 ** -4
+        # The interpreter's float8 cast drops the carry of a round-up into the next binade (127 -> 64, 7.9 ->
+        # 4; the GPU's cvt does not): leave out the values whose correct rounding is such a carry.
+        exact8 = (want / float(post_scale)).clamp(max=E4M3_MAX).float().to(E4M3).double()
+        carry = (exact8 > want / float(post_scale)) & (torch.frexp(exact8)[0] == 0.5)
+        kept = ~carry
+        assert carry.float().mean() < 0.1 and kept.float().mean() > 0.9
+        torch.testing.assert_close(post8.double()[kept], exact8[kept], rtol=2 ** -3, atol=2 ** -9)
+        assert rel_error(post8.double()[kept] * float(post_scale), want.clamp(max=limit)[kept]) < 2 ** -4
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
