@@ -123,10 +123,11 @@ class GPTConfig:
             :mod:`speedrun.model.fp8`).
         fp8_head: the training forward of the LM head in FP8 (record #19).
         fp8_mlp: the training forward of the MLP's up projection (record #84) and down projection (#89) in
-            FP8, backward in bf16 as in the records. Both scales are dynamic (amax / 448 per call): the
-            record quantizes its weights once per optimizer step and scales the down projection's input
-            by a delayed amax (speedrun-spec.md 2.4); the values are the same for the weights and exact
-            for the input. Needs ``mlp_kernel: torch`` (the fused kernel computes in bf16).
+            FP8, backward in bf16 as in the records. With ``mlp_kernel: torch`` both scales are dynamic
+            (amax / 448 per call; :class:`speedrun.model.fp8.FP8Linear`). With ``mlp_kernel: triton`` the
+            records' fused FP8 MLP (:mod:`speedrun.model.fp8_mlp`): x per call (amax/448), W1 per step, post
+            emitted in e4m3 by the fused kernel with a delayed per-layer scale (previous forward's amax ·
+            1.80/448) and W2 with a delayed per-layer scale (1.12/448, bootstrapped for 17 refreshes).
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
             16-bit compute dtype only, the torch path elsewhere).
@@ -224,9 +225,6 @@ class GPTConfig:
                      "fp8_mlp", "value_lambdas", "value_embed_gates"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.fp8_mlp and self.mlp_kernel != "torch":
-            raise SpeedrunError(f"model.fp8_mlp needs model.mlp_kernel 'torch' (the fused ReLU² kernel computes "
-                                f"in bf16), got mlp_kernel {self.mlp_kernel!r}")
         for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers"):
             self._check_layers(name)
         self._check_windows_and_rope()
