@@ -544,6 +544,15 @@ PRESETS: dict[str, GPTConfig] = {
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
                           attention_backend="flex", cross_entropy="fused", rotary_kernel="triton",
                           mlp_kernel="triton"),
+    # HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its
+    # train_gpt.py in shared/reference-code/head; speedrun-spec.md 2): record88's architecture with HEAD's
+    # MUDD gates (#85): a pre gate from x0 and a post gate at the start of layer 4 give per-token XSA
+    # strengths (layers 1, 3, 4, 7, #86 form), linear attention gates on layers 3 and 10 only (from 0.25), the
+    # x0/bigram injection gates (instead of the lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the
+    # σ(W·x0) gate); lightweight DC on layer 10 over 112 keys (#85, speedrun.model.dc); x0 without layer 0's
+    # bigram injection (HEAD clones it). Left to other switches: the FP8 up- and down-projections inside the
+    # fused ReLU² kernel (#84, #89: the fused-FP8-MLP helper) and the multi-token and prefix-token losses.
+    # Defined below the dict as record88 with these changes.
     # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
     # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
     # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
@@ -565,6 +574,10 @@ PRESETS: dict[str, GPTConfig] = {
                           attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
                           cross_entropy="fused", rotary_kernel="triton"),
 }
+
+PRESETS["record89"] = dataclasses.replace(                   # HEAD: see the comment above record28's preset
+    PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
+    attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112)
 
 
 def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) -> GPTConfig:

@@ -109,7 +109,7 @@ class GPT(nn.Module):
             self.smear = Smear(config.model_dim)
         if config.bigram_vocab_size:
             self.bigram = BigramEmbedding(config.bigram_vocab_size, config.model_dim, config.n_layer,
-                                          config.bigram_sign_trick)
+                                          config.bigram_sign_trick, gates=not config.mudd_gates)
         if config.skip_connections == "unet":
             self.skips = UNetSkips(config.n_layer)
         elif config.skip_connections == "gated":
@@ -117,7 +117,7 @@ class GPT(nn.Module):
         if config.backout_layer is not None:
             self.backout_lambda = nn.Parameter(torch.tensor([BACKOUT_LAMBDA_INIT]))
         if config.residual_form == "sublayer":
-            self.residual = SublayerResidual(config.n_layer, config.resid_lambda_init)
+            self.residual = SublayerResidual(config.n_layer, config.resid_lambda_init, x0_lambdas=not config.mudd_gates)
         if config.mudd:
             self.mudd = DenseConnections(config.model_dim, config.n_head, config.resid_lambda_init)
         if config.mudd_gates:

@@ -183,8 +183,8 @@ class MuddGates(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.pre_layout, self.post_layout = gate_layout(config)
-        self.pre = CoefficientNet(config.model_dim, [s.bias for s in self.pre_layout])
-        self.post = CoefficientNet(config.model_dim, [s.bias for s in self.post_layout])
+        self.pre = CoefficientNet(config.model_dim, [s.bias for s in self.pre_layout for _ in range(s.width)])
+        self.post = CoefficientNet(config.model_dim, [s.bias for s in self.post_layout for _ in range(s.width)])
         self.scale = nn.Parameter(torch.tensor(MUDD_SCALE))
 
     def gates(self, which: str, x: torch.Tensor) -> dict[tuple[str, int], torch.Tensor]:

@@ -35,13 +35,14 @@ from speedrun.model.norm import rms_norm
 class SublayerResidual(nn.Module):
     """The per-sublayer lambdas: ``resid_lambdas`` (n_layer, 2) [attention, MLP] from
     sqrt(``resid_lambda_init``), ``post_lambdas`` (n_layer, 2) from 1, ``x0_lambdas`` (n_layer,) from 0
-    (records #81-#88; Adam, speedrun-spec.md 3.3: betas 0.9/0.95, resid lr x5, no weight decay)."""
+    (records #81-#88; Adam, speedrun-spec.md 3.3: betas 0.9/0.95, resid lr x5, no weight decay). Without
+    ``x0_lambdas`` (HEAD, whose MUDD gates give them per token) that parameter is None."""
 
-    def __init__(self, n_layer: int, resid_lambda_init: float = 1.1):
+    def __init__(self, n_layer: int, resid_lambda_init: float = 1.1, x0_lambdas: bool = True):
         super().__init__()
         self.resid_lambdas = nn.Parameter(torch.full((n_layer, 2), math.sqrt(resid_lambda_init)))
         self.post_lambdas = nn.Parameter(torch.ones(n_layer, 2))
-        self.x0_lambdas = nn.Parameter(torch.zeros(n_layer))
+        self.x0_lambdas = nn.Parameter(torch.zeros(n_layer)) if x0_lambdas else None
 
 
 def run_sublayers(model: Any, x0: torch.Tensor, context: Any, windows: list, value_embeds: list,
@@ -54,8 +55,8 @@ def run_sublayers(model: Any, x0: torch.Tensor, context: Any, windows: list, val
     resid = model.residual.resid_lambdas.type_as(x0).unbind(0)                     # n_layer x (2,)
     post = model.residual.post_lambdas.type_as(x0).unbind(0)
     gates = model.mudd_gates.gates("pre", x0) if cfg.mudd_gates else {}
-    x0_lambdas = model.residual.x0_lambdas.type_as(x0).unbind(0)
-    bigram_lambdas = model.bigram.gates.type_as(x0).unbind(0) if bigram is not None else None
+    x0_lambdas = None if cfg.mudd_gates else model.residual.x0_lambdas.type_as(x0).unbind(0)
+    bigram_lambdas = None if cfg.mudd_gates or bigram is None else model.bigram.gates.type_as(x0).unbind(0)
 
     def x0_coef(i: int) -> torch.Tensor:
         return gates[("x0", i)] if cfg.mudd_gates else x0_lambdas[i]
