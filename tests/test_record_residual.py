@@ -385,3 +385,25 @@ def test_record_kinds_get_the_records_adam_settings(dc_module):
 def test_record_switches_are_validated(overrides, message):
     with pytest.raises(SpeedrunError, match=message):
         GPTConfig(**{**dict(n_layer=3, model_dim=16, n_head=2, head_dim=8), **overrides})
+
+
+@pytest.mark.parametrize("preset, backend", [("record89", "reference")])     # each case takes 30-50 s here
+def test_the_record_forms_compile_as_one_graph(dc_module, preset, backend):
+    """fullgraph, static shapes: layer indices, MUDD and the gates are Python constants (no data-dependent
+    branch); with flex the windows and the YaRN scale are graph inputs (record88 and record89 with flex and
+    reference all passed once, 2026-12-01; one case kept for time). Flex on a CPU has no backward."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    model = randomized(tiny(preset, attention_backend=backend)).float()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, dynamic=False, fullgraph=True)
+    targets = torch.roll(INPUTS, -1)
+    with torch.set_grad_enabled(backend != "flex"):
+        loss = compiled(INPUTS, targets, CU)
+        if backend != "flex":
+            loss.backward()
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
+    eager = randomized(tiny(preset)).float().requires_grad_(False)                     # reference backend
+    torch.testing.assert_close(loss.detach(), eager(INPUTS, targets, CU), rtol=1e-4, atol=1e-4)

@@ -10,7 +10,10 @@ softcap record #9 (softcap 15 #18); document masking over one packed sequence re
 half-truncated RoPE record #17; attention scale 0.1 and YaRN on window growth record #31; smear record #34;
 shifted-sigmoid softcap record #54; U-net skips record #11, the gated skip records #45, #55; sparse attention
 gate record #28; paired-head attention record #58; bigram hash embedding records #62, #83; FP8 head record
-#19, FP8 QKV/O the 2026-06-11 record; backout record #40; partial key offset record #49.
+#19, FP8 QKV/O the 2026-06-11 record; backout record #40; partial key offset record #49; the records'
+per-sublayer residual form (records #81-#88, :mod:`speedrun.model.residual`) with the q/k/v lambdas record
+#47, the single saved activation record #77, MUDD record #81, XSA records #82, #86, HEAD's MUDD gates and
+lightweight DC record #85.
 
 Shape legend: T tokens of one packed sequence (B = 1), D documents, C model_dim, H n_head,
 Dh head_dim, V vocab_size.
