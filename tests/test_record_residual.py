@@ -328,13 +328,16 @@ def test_parameter_kinds_of_the_record_parameters(dc_module):
     assert kinds["residual.post_lambdas"] == kinds["residual.x0_lambdas"] == kinds["bigram.gates"] == "lambda"
     assert kinds["blocks.1.attn.xsa_alpha"] == "lambda" and kinds["blocks.1.attn.sa_lambdas"] == "scalar"
     assert kinds["skips.gate"] == "skip_gate" and kinds["skips.lambda_"] == "scalar"
+    assert kinds["blocks.0.attn.gate.weight"] == kinds["blocks.1.attn.ve_gate.weight"] == "gate"
+    assert kinds["smear.gate"] == "smear_gate" and kinds["smear.lambda_"] == "scalar"
     assert {kinds[f"mudd.{n}.{w}"] for n in ("layer", "final") for w in ("w1", "w2")} == {"mudd"}
     assert kinds["mudd.layer.b2"] == kinds["mudd.final.b2"] == "mudd_bias"
     head = GPT(tiny("record89")).parameter_kinds()
     assert {head[f"mudd_gates.{n}.{w}"] for n in ("pre", "post") for w in ("w1", "w2")} == {"mudd_gate"}
     assert head["mudd_gates.pre.b2"] == head["mudd_gates.post.b2"] == head["mudd_gates.scale"] == "mudd_gate_bias"
     assert "blocks.1.attn.xsa_alpha" not in head and "blocks.3.attn.gate.weight" not in head
-    assert GPT(tiny("gpt124m")).parameter_kinds()["bigram.gates"] == "scalar"           # the block form's
+    block_form = GPT(tiny("gpt124m")).parameter_kinds()                                   # unchanged
+    assert block_form["bigram.gates"] == block_form["smear.gate"] == block_form["blocks.0.attn.gate.weight"] == "scalar"
 
 
 def test_record_kinds_get_the_records_adam_settings(dc_module):
@@ -354,6 +357,9 @@ def test_record_kinds_get_the_records_adam_settings(dc_module):
     skip = {g["kind"]: g for g in build_optimizers(r88, r88.parameter_kinds(), OptimConfig()).optimizers[0]
             .param_groups}["skip_gate"]
     assert (skip["lr"], skip["betas"], skip["weight_decay"]) == (0.0004, (0.9, 0.99), 0.0)
+    assert (groups["gate"]["lr"], groups["gate"]["betas"], groups["gate"]["weight_decay"]) == (
+        0.008, (0.9, 0.99), 0.005)
+    assert (groups["smear_gate"]["lr"], groups["smear_gate"]["weight_decay"]) == (0.00008, 0.0)
     custom = OptimConfig(adam_kind_lrs={"mudd": 0.01}, adam_kind_betas={"mudd": (0.8, 0.9)})
     mudd = [g for g in build_optimizers(r88, r88.parameter_kinds(), custom).optimizers[0].param_groups
             if g["kind"] == "mudd"][0]

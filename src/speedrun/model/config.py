@@ -500,7 +500,8 @@ PRESETS: dict[str, GPTConfig] = {
     # start (#13, #20, #31); half-truncated RoPE (#17); attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5)
     # (#54); x0 lambdas (#9) from λ0 = 1.1 (#45); value embeddings on layers 1, 2, 8, 9, 10, each gated per head
     # by 2·σ(W_g·[x[:6], ve[:6]]) (#55, #70; HEAD's layer 10 takes its VE gate from MUDD instead, which this
-    # preset leaves off: see record88); smear (#34); tied embedding and head (#51, untied by the training untie_step, #53);
+    # preset leaves off: see record88); smear (#34); tied embedding and head (#51, untied by the training
+    # untie_step, #53);
     # bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55);
     # the attention output gate on every attention layer (#28; the pre-MUDD records gate all attention layers,
     # HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 9 (#58); FP8 head (#19), MLP

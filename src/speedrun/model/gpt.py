@@ -44,8 +44,8 @@ from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attenti
 from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
-ParamKind = Literal["embed", "head", "matrix", "scalar", "lambda", "resid_lambda", "skip_gate", "mudd",
-                    "mudd_bias", "mudd_gate", "mudd_gate_bias"]
+ParamKind = Literal["embed", "head", "matrix", "scalar", "lambda", "resid_lambda", "skip_gate", "gate",
+                    "smear_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"]
 TIED_HEAD_STD = 0.005
 BACKOUT_LAMBDA_INIT = 0.5
 
@@ -393,8 +393,9 @@ class GPT(nn.Module):
         embedding is of kind ``head``: it starts as the head's copy and, once untied, trains with the head's
         Adam settings, as in the record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas;
         value and bigram tables 75x that lr). The parameters of records #47-#89 take the kinds of
-        :meth:`_record_kind` (``lambda``, ``resid_lambda``, ``skip_gate``, ``mudd``, ``mudd_bias``, ``mudd_gate``,
-        ``mudd_gate_bias``; Adam). Raises ``ValueError`` for a parameter it does not know."""
+        :meth:`_record_kind` (``lambda``, ``resid_lambda``, ``skip_gate``, ``gate``, ``smear_gate``, ``mudd``,
+        ``mudd_bias``, ``mudd_gate``, ``mudd_gate_bias``; Adam). Raises ``ValueError`` for a parameter it does
+        not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
             record_kind = self._record_kind(name)
@@ -421,7 +422,14 @@ class GPT(nn.Module):
         sublayer form's resid lambdas; ``lambda`` its post and x0 lambdas, the bigram lambdas in that form and
         the XSA strengths; ``skip_gate`` the skip gate's W; ``mudd`` / ``mudd_bias`` MUDD's w1, w2 / b2;
         ``mudd_gate`` / ``mudd_gate_bias`` the MUDD gates' w1, w2 / b2 and their shared scale; the attention's
-        ``sa_lambdas`` are ``scalar``."""
+        ``sa_lambdas`` are ``scalar``. In the sublayer form (the records' #81-#89 models), the attention and
+        value-embedding gates' weights are ``gate`` and the smear gate ``smear_gate``, as record #88's table
+        has them (the block form keeps them ``scalar``: gpt124m unchanged)."""
+        sublayer = self.config.residual_form == "sublayer"
+        if sublayer and (name.endswith((".attn.gate.weight", ".attn.ve_gate.weight"))):
+            return "gate"
+        if sublayer and name == "smear.gate":
+            return "smear_gate"
         if name == "residual.resid_lambdas":
             return "resid_lambda"
         if name in ("residual.post_lambdas", "residual.x0_lambdas") or name.endswith(".attn.xsa_alpha"):

@@ -23,9 +23,12 @@ class AdamKind:
 
 # Record #88's param_table and HEAD's (speedrun-spec.md 3.3): "lambda" its post_lambdas, x0_lambdas,
 # bigram_lambdas and xsa_alphas; "resid_lambda" its resid_lambdas; "skip_gate" record #88's skip_gate;
-# "mudd"/"mudd_bias" its mudd_w1, mudd_w2 / mudd_b2; "mudd_gate"/"mudd_gate_bias" HEAD's mudd_gate_w1,
-# mudd_gate_w2 / mudd_gate_b2, _mudd_gate_scale.
+# "gate" its attn_gate_bank and ve_gate_bank; "smear_gate" its smear_gate; "mudd"/"mudd_bias" its mudd_w1,
+# mudd_w2 / mudd_b2; "mudd_gate"/"mudd_gate_bias" HEAD's mudd_gate_w1, mudd_gate_w2 / mudd_gate_b2,
+# _mudd_gate_scale.
 RECORD_ADAM_KINDS: dict[str, AdamKind] = {
+    "gate": AdamKind(0.008, (0.9, 0.99), 1.0),
+    "smear_gate": AdamKind(0.00008, (0.9, 0.99), 0.0),
     "lambda": AdamKind(0.008, (0.9, 0.95), 0.0),
     "resid_lambda": AdamKind(0.04, (0.9, 0.95), 0.0),
     "skip_gate": AdamKind(0.0004, (0.9, 0.99), 0.0),
