@@ -521,6 +521,26 @@ PRESETS: dict[str, GPTConfig] = {
                          attention_gate_layers=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10), paired_head_layers=(0, 2, 5, 9),
                          fp8_attention=True, fp8_head=True, fp8_mlp=True, key_offset=True, backout_layer=7,
                          attention_backend="flex", cross_entropy="fused", rotary_kernel="triton"),
+    # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
+    # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
+    # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
+    # its schedule); attention scale 0.12 (#20); half-truncated RoPE (#17); three value-embedding tables
+    # on layers 0, 1, 2 and again 9, 10, 11 (#14-#17); x0 lambdas (#9); U-net skips (#11); the sparse
+    # attention gate on every attention layer (#28); FP8 head (#19); untied embedding and head. Its softcap
+    # 30·σ(z/7.5) equals 15·tanh(z/15) + 15, and a constant added to every logit leaves the softmax and
+    # the loss unchanged: hence tanh with cap 15. Its loss is F.cross_entropy of the compiled softcap; here
+    # the fused cross-entropy, the same function in one pass. Its value-embedding tables start at
+    # nn.Embedding's N(0, 1) (value_embed_std 1.0), and its values mix as v = λ0·v + λ1·ve (λ0·v in layers
+    # without a value embedding) with learned per-layer λ from (0.5, 0.5) (value_lambdas, its "SA lambdas").
+    "record28": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+                          rope="half_truncated", attention_scale=0.12,
+                          window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=1,
+                          logit_softcap=15.0, softcap_kind="tanh", x0_lambdas=True,
+                          value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
+                          value_embed_std=1.0, value_lambdas=True, skip_connections="unet",
+                          attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
+                          attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
+                          cross_entropy="fused", rotary_kernel="triton"),
     # Record #88 (2026-07 prefix-token loss; its train_gpt.py in shared/reference-code/record88): the shape and
     # the switches of gpt124m (above) in the residual form of records #81-#88 (speedrun-spec.md 2.2): per-
     # sublayer resid lambdas from √1.1 and post lambdas from 1, x0 and bigram injected after attention, x0
@@ -547,38 +567,17 @@ PRESETS: dict[str, GPTConfig] = {
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
                           attention_backend="flex", cross_entropy="fused", rotary_kernel="triton",
                           mlp_kernel="triton"),
-    # HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its
-    # train_gpt.py in shared/reference-code/head; speedrun-spec.md 2): record88's architecture with HEAD's
-    # MUDD gates (#85): a pre gate from x0 and a post gate at the start of layer 4 give per-token XSA
-    # strengths (layers 1, 3, 4, 7, #86 form), linear attention gates on layers 3 and 10 only (from 0.25), the
-    # x0/bigram injection gates (instead of the lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the
-    # σ(W·x0) gate); lightweight DC on layer 10 over 112 keys (#85, speedrun.model.dc); x0 without layer 0's
-    # bigram injection (HEAD clones it). Left to other switches: the FP8 up- and down-projections inside the
-    # fused ReLU² kernel (#84, #89: the fused-FP8-MLP helper) and the multi-token and prefix-token losses.
-    # Defined below the dict as record88 with these changes.
-    # Record #28, 2025-08-23_SparseAttnGate (speedrun-spec.md 6; its train_gpt.py is in the log): 12 layers,
-    # layer 7 without attention (#17); FlexAttention with long windows on layers 0, 4, 7, 11 and short
-    # elsewhere (#12, #13, #20; the record's short window is half the long one, grown 1 -> 14 blocks by
-    # its schedule); attention scale 0.12 (#20); half-truncated RoPE (#17); three value-embedding tables
-    # on layers 0, 1, 2 and again 9, 10, 11 (#14-#17); x0 lambdas (#9); U-net skips (#11); the sparse
-    # attention gate on every attention layer (#28); FP8 head (#19); untied embedding and head. Its softcap
-    # 30·σ(z/7.5) equals 15·tanh(z/15) + 15, and a constant added to every logit leaves the softmax and
-    # the loss unchanged: hence tanh with cap 15. Its loss is F.cross_entropy of the compiled softcap; here
-    # the fused cross-entropy, the same function in one pass. Its value-embedding tables start at
-    # nn.Embedding's N(0, 1) (value_embed_std 1.0), and its values mix as v = λ0·v + λ1·ve (λ0·v in layers
-    # without a value embedding) with learned per-layer λ from (0.5, 0.5) (value_lambdas, its "SA lambdas").
-    "record28": GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
-                          rope="half_truncated", attention_scale=0.12,
-                          window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=1,
-                          logit_softcap=15.0, softcap_kind="tanh", x0_lambdas=True,
-                          value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
-                          value_embed_std=1.0, value_lambdas=True, skip_connections="unet",
-                          attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
-                          attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
-                          cross_entropy="fused", rotary_kernel="triton"),
 }
 
-PRESETS["record89"] = dataclasses.replace(                   # HEAD: see the comment above record28's preset
+# HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its train_gpt.py
+# in shared/reference-code/head; speedrun-spec.md 2): record88's architecture with HEAD's MUDD gates (#85): a pre
+# gate from x0 and a post gate at the start of layer 4 give per-token XSA strengths (layers 1, 3, 4, 7, #86 form),
+# linear attention gates on layers 3 and 10 only (from 0.25), the x0/bigram injection gates (instead of the
+# lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the σ(W·x0) gate); lightweight DC on layer 10 over 112
+# keys (#85, speedrun.model.dc); x0 without layer 0's bigram injection (HEAD clones it). Left to other switches:
+# the FP8 up- and down-projections inside the fused ReLU² kernel (#84, #89: the fused-FP8-MLP helper) and the
+# multi-token and prefix-token losses.
+PRESETS["record89"] = dataclasses.replace(
     PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
     attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112)
 
