@@ -127,3 +127,37 @@ def test_gelu_is_the_exact_one():
     x = torch.randn(3, 4, generator=GEN, dtype=torch.float64)
     hidden = F.gelu(x @ net.w1.T, approximate="none")
     torch.testing.assert_close(net(x, 1.0), hidden @ net.w2.T + net.b2)
+
+
+def test_the_layer_indices_are_fields_not_constants(monkeypatch):
+    """4 layers with every MUDD switch moved to other indices: the layouts follow (counted by hand: pre = XSA 1
+    (2) + attention gate 1 (2) + injections 0, 1 (4); post = XSA 3 (2) + attention gate 3 (2) + injection 2 (2,
+    3 is the MUDD layer) + skip at 2 (1) + DC 3 (2 + 2)), and a forward/backward reaches every parameter."""
+    import sys
+    import types
+
+    from speedrun.model.config import GPTConfig
+    from speedrun.model.gpt import GPT
+    from test_record_residual import dc_stand_in
+
+    module = types.ModuleType("speedrun.model.dc")
+    module.dc_attention = dc_stand_in
+    monkeypatch.setitem(sys.modules, "speedrun.model.dc", module)
+    config = GPTConfig(vocab_size=30, n_layer=4, model_dim=16, n_head=2, head_dim=8, bigram_vocab_size=20,
+                       value_embed_layers=(1, 3), skip_connections="gated", skip_from=0, skip_to=2,
+                       attention_gate_layers=(1, 3), residual_form="sublayer", saved_activation_layer=1,
+                       xsa_layers=(1, 3), mudd=True, mudd_layer=3, mudd_mid_layer=1, mudd_early_layer=0,
+                       mudd_gates=True, mudd_gate_layer=2, dc_layers=(3,), dc_window=3,
+                       attention_backend="reference", cross_entropy="full")
+    pre, post = gate_layout(config)
+    assert [(s.kind, s.layer, s.width) for s in pre] == [("xsa", 1, 2), ("attn_gate", 1, 2), ("x0", 0, 1),
+                                                         ("bigram", 0, 1), ("x0", 1, 1), ("bigram", 1, 1)]
+    assert [(s.kind, s.layer, s.width) for s in post] == [("xsa", 3, 2), ("attn_gate", 3, 2), ("x0", 2, 1),
+                                                          ("bigram", 2, 1), ("skip", 2, 1), ("dc_w1", 3, 2),
+                                                          ("dc_w2", 3, 2)]
+    model = _randomize(GPT(config).double())
+    inputs = torch.tensor([1, 5, 2, 9, 9, 3, 0, 7, 4, 4, 2, 8])
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    model.hidden_states(inputs, cu).pow(2).sum().backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert silent == ["lm_head.weight"]
