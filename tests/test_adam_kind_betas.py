@@ -20,6 +20,7 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.adam import CautiousAdam
 from speedrun.optim.groups import ADAM_KINDS, OptimConfig, build_optimizers
+from speedrun.optim.config import ALL_ADAM_KINDS, RECORD_ADAM_KINDS
 from speedrun.training.config import TrainConfig
 from speedrun.workflow.planning import schema_error_message
 
@@ -77,11 +78,11 @@ def test_the_default_is_an_empty_mapping():
 
 
 @pytest.mark.parametrize("value, message", [
-    ([0.5, 0.95], r"train\.adam_kind_betas must be a mapping from Adam kind \(embed, head, scalar\) to a pair "
+    ([0.5, 0.95], r"train\.adam_kind_betas must be a mapping from Adam kind \(embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias\) to a pair "
                   r"\[beta1, beta2\], got \[0\.5, 0\.95\]$"),
     ({"heads": [0.5, 0.95]}, r"train\.adam_kind_betas has an unknown Adam kind 'heads'; expected one of "
-                             r"embed, head, scalar$"),
-    ({"matrix": [0.9, 0.95]}, r"unknown Adam kind 'matrix'; expected one of embed, head, scalar$"),
+                             r"embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias$"),
+    ({"matrix": [0.9, 0.95]}, r"unknown Adam kind 'matrix'; expected one of embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias$"),
     ({"head": [0.5]}, r"train\.adam_kind_betas\.head must be a pair \[beta1, beta2\], got \[0\.5\]$"),
     ({"scalar": [0.9, 0.95, 0.99]}, r"train\.adam_kind_betas\.scalar must be a pair \[beta1, beta2\], "
                                     r"got \[0\.9, 0\.95, 0\.99\]$"),
@@ -187,12 +188,16 @@ def test_the_schema_entry_checks_kinds_and_pairs_and_adds_no_default():
     would rerun every existing run."""
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     entry = schema["properties"]["train"]["properties"]["adam_kind_betas"]
-    assert tuple(entry["propertyNames"]["enum"]) == ADAM_KINDS and "default" not in entry
+    assert tuple(entry["propertyNames"]["enum"]) == ALL_ADAM_KINDS and "default" not in entry
+    lrs = schema["properties"]["train"]["properties"]["adam_kind_lrs"]
+    assert tuple(lrs["propertyNames"]["enum"]) == tuple(RECORD_ADAM_KINDS) and "default" not in lrs
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     ok = {**config, "train": {**config["train"], "adam_kind_betas": {k: list(v) for k, v in RECORD.items()}}}
     jsonschema.validate(ok, schema)
     cases = [({"heads": [0.5, 0.95]}, "a.yaml: train.adam_kind_betas: 'heads' is not one of "
-                                      "['embed', 'head', 'scalar']"),
+                                      "['embed', 'head', 'scalar', 'gate', 'smear_gate', 'lambda', "
+                                      "'resid_lambda', 'skip_gate', 'mudd', 'mudd_bias', 'mudd_gate', "
+                                      "'mudd_gate_bias']"),
              ({"head": [0.5, 1.0]}, "a.yaml: train.adam_kind_betas.head.1: 1.0 is greater than or equal to the "
                                     "maximum of 1"),
              ({"head": [0.5]}, "a.yaml: train.adam_kind_betas.head: [0.5] is too short")]

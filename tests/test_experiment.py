@@ -37,9 +37,11 @@ def test_the_default_experiment_resolves_each_variant():
     assert candidate.train.optimizer.muon_lr == 0.04 and candidate.train.optimizer.head_lr == 0.03
     assert candidate.train.compute.dtype == "float32"                              # `auto` on a CPU
     params = json.loads(candidate.params)
-    assert (params["muon_lr"], params["dtype"], params["model"], params["steps"]) == (0.04, "float32", {}, 60)
-    assert "nodes" not in params
-    assert json.loads(experiment.variant("baseline").params)["muon_lr"] == 0.05      # TrainConfig's default
+    assert (params["muon_lr"], params["dtype"], params["model"]) == (0.04, "float32", {})
+    assert "nodes" not in params and "steps" not in params                   # steps 60 is TrainConfig's default
+    baseline = json.loads(experiment.variant("baseline").params)
+    assert "muon_lr" not in baseline and baseline["preset"] == "tiny"           # muon_lr 0.05 is the default too
+    assert TrainConfig.from_dict(baseline).optimizer.muon_lr == 0.05
 
 
 def test_a_default_written_out_gives_the_same_params():

@@ -3,7 +3,9 @@ commit 336ddaa did, on the default config and on the FineWeb config with a two-n
 
 The fixtures tests/data/plan-*.json were recorded by tests/plan_snapshot.py on that commit, before the planning
 code moved into the package (speedrun.workflow.planning); a change that means to plan differently re-records
-them and says why.
+them and says why. Re-recorded once since: the train rule's --config now carries only the settings that differ
+from TrainConfig's defaults (a new switch, off by default, changes no run's params); every job, output and
+resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 """
 
 from __future__ import annotations

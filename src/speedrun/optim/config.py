@@ -9,7 +9,37 @@ from typing import Literal, Mapping, get_args
 
 Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
-ADAM_KINDS: tuple[str, ...] = ("embed", "head", "scalar")      # the parameter kinds that train with Adam
+
+
+@dataclass(frozen=True)
+class AdamKind:
+    """The Adam settings of one parameter kind of records #81-#89: ``lr`` (record #88's base 0.008 times the
+    parameter's lr_mul), ``betas``, ``wd_mul`` (times ``adam_weight_decay``)."""
+
+    lr: float
+    betas: tuple[float, float]
+    wd_mul: float
+
+
+# Record #88's param_table and HEAD's (speedrun-spec.md 3.3): "lambda" its post_lambdas, x0_lambdas,
+# bigram_lambdas and xsa_alphas; "resid_lambda" its resid_lambdas; "skip_gate" record #88's skip_gate;
+# "gate" its attn_gate_bank and ve_gate_bank; "smear_gate" its smear_gate; "mudd"/"mudd_bias" its mudd_w1,
+# mudd_w2 / mudd_b2; "mudd_gate"/"mudd_gate_bias" HEAD's mudd_gate_w1, mudd_gate_w2 / mudd_gate_b2,
+# _mudd_gate_scale.
+RECORD_ADAM_KINDS: dict[str, AdamKind] = {
+    "gate": AdamKind(0.008, (0.9, 0.99), 1.0),
+    "smear_gate": AdamKind(0.00008, (0.9, 0.99), 0.0),
+    "lambda": AdamKind(0.008, (0.9, 0.95), 0.0),
+    "resid_lambda": AdamKind(0.04, (0.9, 0.95), 0.0),
+    "skip_gate": AdamKind(0.0004, (0.9, 0.99), 0.0),
+    "mudd": AdamKind(0.002, (0.9, 0.99), 1.0),
+    "mudd_bias": AdamKind(0.002, (0.9, 0.99), 0.0),
+    "mudd_gate": AdamKind(0.0008, (0.9, 0.99), 1.0),
+    "mudd_gate_bias": AdamKind(0.0008, (0.9, 0.99), 0.0),
+}
+# the parameter kinds that train with Adam whose settings a training config names (lrs, betas), and all of them
+ADAM_KINDS: tuple[str, ...] = ("embed", "head", "scalar")
+ALL_ADAM_KINDS: tuple[str, ...] = (*ADAM_KINDS, *RECORD_ADAM_KINDS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +69,11 @@ class OptimConfig:
     (0.5, 0.95) (ours, while tied and after the untie step, is of kind ``head``; untied from the start it is of
     kind ``embed`` and gets the value and bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9,
     0.95), ours share the scalar group."""
+    adam_kind_lrs: Mapping[str, float] = field(default_factory=dict)
+    """Adam kind -> lr, for the kinds of :data:`RECORD_ADAM_KINDS` (the records' sublayer-form lambdas, gates and
+    MUDD weights; their lr in that table when not given); ``embed``, ``head``, ``scalar`` take ``embed_lr``,
+    ``head_lr``, ``scalar_lr``. Those kinds' betas default to the table's (``adam_kind_betas`` overrides them too)
+    and their weight decay is ``adam_weight_decay`` times the table's ``wd_mul`` (1 for the other kinds)."""
     muon_lr: float = 0.05
     """Muon's lr of the hidden matrices."""
     muon_momentum: float = 0.95

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import ADAM_KINDS, ORTHOGONALIZERS, OptimConfig, ScheduleConfig
+from speedrun.optim.config import ALL_ADAM_KINDS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
@@ -230,19 +230,31 @@ class TrainConfig:
                                 f"train.model: {{attention_backend: sdpa_docs}} on a CPU")
 
     def _check_adam_kind_betas(self) -> None:
+        """``adam_kind_betas`` maps Adam kinds (:data:`ALL_ADAM_KINDS`) to [beta1, beta2] pairs and
+        ``adam_kind_lrs`` the records' kinds (:data:`RECORD_ADAM_KINDS`) to lrs >= 0."""
         betas = self.optimizer.adam_kind_betas
         if not isinstance(betas, Mapping):
             raise SpeedrunError(f"train.adam_kind_betas must be a mapping from Adam kind "
-                                f"({', '.join(ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
+                                f"({', '.join(ALL_ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
         for kind, pair in betas.items():
-            if kind not in ADAM_KINDS:
+            if kind not in ALL_ADAM_KINDS:
                 raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
-                                    f"{', '.join(ADAM_KINDS)}")
+                                    f"{', '.join(ALL_ADAM_KINDS)}")
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], "
                                     f"got {_written(pair)}")
             for beta in pair:
                 _check_number(f"adam_kind_betas.{kind}", beta, 0.0, 1.0, open_high=True)
+        lrs = self.optimizer.adam_kind_lrs
+        if not isinstance(lrs, Mapping):
+            raise SpeedrunError(f"train.adam_kind_lrs must be a mapping from Adam kind "
+                                f"({', '.join(RECORD_ADAM_KINDS)}) to a learning rate, got {_written(lrs)}")
+        for kind, lr in lrs.items():
+            if kind not in RECORD_ADAM_KINDS:
+                raise SpeedrunError(f"train.adam_kind_lrs has an unknown Adam kind {kind!r}; expected one of "
+                                    f"{', '.join(RECORD_ADAM_KINDS)} (embed, head and scalar take embed_lr, "
+                                    f"head_lr and scalar_lr)")
+            _check_number(f"adam_kind_lrs.{kind}", lr, 0.0, math.inf)
 
     def _check_schedules(self) -> None:
         schedule = self.schedule.window_schedule

@@ -18,6 +18,7 @@ dropped by BOS alignment are counted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ class Experiment:
         """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed
         (:func:`check_training_data`); variants of the same data shape (:data:`DATA_SHAPE_KEYS`) are checked
         once."""
-        settings = train_settings(self.variant(variant).train)
+        settings = json.loads(json.dumps(self.variant(variant).train.settings()))     # every setting, JSON values
         key = (json.dumps([settings[k] for k in DATA_SHAPE_KEYS]), str(shards_dir), str(bos_dir))
         if key not in self._data_checked:
             check_training_data(settings, shards_dir, bos_dir, what=f"{self.where}: variant {variant!r}",
@@ -267,15 +268,26 @@ def _train_config(settings: Mapping[str, Any]) -> TrainConfig:
 
 
 def train_settings(train: TrainConfig) -> dict[str, Any]:
-    """Every training setting of ``train`` as JSON values (the ``train`` keys of config.yaml), with ``model``
-    holding only the overrides whose value differs from the preset's (``n_layer: 4`` on the tiny preset changes
-    nothing); ``rotary_positions`` always stays: written out, it stops the rotary tables being sized to the
-    schedule (:meth:`TrainConfig.model_config`)."""
+    """The training settings of ``train`` that differ from :class:`TrainConfig`'s defaults, as JSON values (the
+    ``train`` keys of config.yaml), with ``model`` holding only the overrides whose value differs from the
+    preset's (``n_layer: 4`` on the tiny preset changes nothing); ``preset`` and ``model`` always stay, and so
+    does ``rotary_positions`` when given: written out, it stops the rotary tables being sized to the schedule
+    (:meth:`TrainConfig.model_config`). ``speedrun train`` rebuilds the same config from it (the missing keys take
+    the same defaults), and a setting added to the code with a default (a new switch, off) changes no run's
+    params."""
     settings = json.loads(json.dumps(train.settings()))
-    defaults = json.loads(json.dumps(dataclasses.asdict(PRESETS[train.preset])))
-    settings["model"] = {k: v for k, v in settings["model"].items()
-                         if k == "rotary_positions" or defaults.get(k, object()) != v}
-    return settings
+    defaults = _default_settings()
+    kept = {k: v for k, v in settings.items() if k in ("preset", "model") or defaults.get(k, object()) != v}
+    preset = json.loads(json.dumps(dataclasses.asdict(PRESETS[train.preset])))
+    kept["model"] = {k: v for k, v in settings["model"].items()
+                     if k == "rotary_positions" or preset.get(k, object()) != v}
+    return kept
+
+
+@functools.cache
+def _default_settings() -> dict[str, Any]:
+    """:class:`TrainConfig`'s default settings as JSON values (built once)."""
+    return json.loads(json.dumps(TrainConfig().settings()))
 
 
 def train_params(train: TrainConfig) -> str:
