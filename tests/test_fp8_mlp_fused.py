@@ -69,6 +69,30 @@ def test_the_post_scale_is_the_previous_forwards_amax_times_the_headroom():
     assert not outs[2].float()[3:].any()
 
 
+def test_without_the_fp8_down_projection_post_leaves_in_bf16_and_the_scale_is_not_used():
+    """fp8_mlp_down false (records #84-#88): with the diagonal weights (x = 3, -2, 1.5 exact in e4m3 at the
+    per-tensor scale 3/448), post = relu(x)² = 9, 0, 2.25 leaves unquantized in bf16: the delayed post scale
+    (here 1/64, which saturates e4m3 at 448/64 = 7) never clips it, as it does with the FP8 down projection,
+    and proj is no FP8 layer."""
+    mlp = MLP(build_model_config("tiny", {**FUSED, "fp8_mlp_down": False})).train()
+    with torch.no_grad():
+        eye = torch.eye(64, mlp.fc.weight.size(0))
+        mlp.fc.weight.copy_(eye.t())
+        mlp.proj.weight.copy_(eye)
+        mlp.post_scale.fill_(1 / 64)
+    x = torch.zeros(8, 64)
+    x[0, 0], x[1, 1], x[2, 2] = 3.0, -2.0, 1.5                    # relu(x)² = 9, 0, 2.25: bf16-exact
+    out = mlp(x)
+    assert not mlp.proj.fp8 and mlp.fc.fp8
+    assert out.dtype == torch.bfloat16
+    assert (out[0, 0].item(), out[1, 1].item(), out[2, 2].item()) == (9.0, 0.0, 2.25)
+    assert float(mlp.post_scale) == pytest.approx(9.0 * 1.80 / 448, rel=1e-6)   # still tracked (amax 9)
+    fp8_down = MLP(build_model_config("tiny", FUSED)).train()
+    fp8_down.load_state_dict(mlp.state_dict())
+    fp8_down.post_scale.fill_(1 / 64)
+    assert fp8_down(x)[0, 0].item() == 7.0                       # post8 saturates at 448 x 1/64 = 7
+
+
 def test_evaluation_is_bf16_and_leaves_the_post_scale_alone():
     mlp = diagonal_mlp()
     x = torch.randn(8, 64)

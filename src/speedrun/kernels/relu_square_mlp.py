@@ -324,10 +324,13 @@ class _ReluSquareMLPFP8(torch.autograd.Function):
     bf16 copies; returns (out, amax of post), the amax not differentiable."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale):
+    def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale, down_fp8=True):
         x8, x_scale = quantize(x)                                           # (T, C) e4m3, amax / 448
         post, post8, partial_amax = relu_square_matmul_fp8(x8, w1_8, x_scale * w1_scale, post_scale)
-        out = scaled_mm(post8, post_scale, w2_8, w2_scale)                  # (T, C) bf16
+        if down_fp8:
+            out = scaled_mm(post8, post_scale, w2_8, w2_scale)              # (T, C) bf16
+        else:                                                   # records #84-#88: the down product in bf16
+            out = torch.mm(post, w2_back.t())                               # (T, C) bf16
         amax = partial_amax.amax()
         ctx.mark_non_differentiable(amax)
         ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
@@ -343,11 +346,12 @@ class _ReluSquareMLPFP8(torch.autograd.Function):
         g_x = torch.mm(g_pre, w1).to(x_dtype) if ctx.needs_input_grad[0] else None          # (T, C)
         g_w1 = torch.mm(g_pre.t(), x).to(w1_dtype) if ctx.needs_input_grad[1] else None     # (F, C)
         g_w2 = torch.mm(g_out.t(), post).to(w2_dtype) if ctx.needs_input_grad[2] else None  # (C, F)
-        return g_x, g_w1, g_w2, None, None, None, None, None, None, None
+        return g_x, g_w1, g_w2, None, None, None, None, None, None, None, None
 
 
 def relu_square_mlp_fp8(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_fp8: FP8Operands,
-                        w2_fp8: FP8Operands, post_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        w2_fp8: FP8Operands, post_scale: torch.Tensor,
+                        down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``relu(x W1ᵀ)² W2ᵀ`` with both products in FP8 and a bf16 backward (records #84, #89); the
     reference, the same quantization in plain PyTorch, is :func:`speedrun.model.fp8_mlp.fp8_mlp_reference`.
 
@@ -359,7 +363,8 @@ def relu_square_mlp_fp8(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_
     (:func:`relu_square_matmul_fp8`, e4m3 tensor-core products, fp32 accumulation), which writes post in
     bf16 for the backward and in e4m3 for the down projection ``torch._scaled_mm(post8, w2_8ᵀ)`` (row-major
     post8, column-major w2_8ᵀ of the row-major (C, F) cache: the layout cuBLAS accepts on Hopper, fast
-    accumulation). Backward as :func:`relu_square_mlp` in bf16 from x, post and the bf16 weights.
+    accumulation). With ``down_fp8`` False (records #84-#88) the down product is ``post W2ᵀ`` in bf16 from
+    the bf16 ``w2_fp8[2]``. Backward as :func:`relu_square_mlp` in bf16 from x, post and the bf16 weights.
 
     Returns (out (..., C) bf16, amax () fp32 = max(post)): the caller derives the next post_scale from it.
     On CUDA, C and F must be multiples of 16. Raises :class:`SpeedrunError` as :func:`relu_square_matmul_fp8`.
@@ -367,5 +372,6 @@ def relu_square_mlp_fp8(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_
     require(x.size(-1) == w1.size(1) and w2.shape == w1.shape[::-1],
            f"relu_square_mlp_fp8: x {tuple(x.shape)} (..., C), w1 {tuple(w1.shape)} (F, C) and w2 "
            f"{tuple(w2.shape)} (C, F) do not chain")
-    out, amax = _ReluSquareMLPFP8.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale)
+    out, amax = _ReluSquareMLPFP8.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale,
+                                        down_fp8)
     return out.reshape(*x.shape[:-1], w2.size(0)), amax

@@ -174,6 +174,8 @@ class GPTConfig:
             records' fused FP8 MLP (:mod:`speedrun.model.fp8_mlp`): x per call (amax/448), W1 per step, post
             emitted in e4m3 by the fused kernel with a delayed per-layer scale (previous forward's amax ·
             1.80/448) and W2 with a delayed per-layer scale (1.12/448, bootstrapped for 17 refreshes).
+        fp8_mlp_down: with ``fp8_mlp``, the down projection in FP8 too (record #89, the default); false: the up
+            projection alone in FP8 and the down product in bf16, as records #84-#88 run it.
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
             16-bit compute dtype only, the torch path elsewhere).
@@ -252,6 +254,7 @@ class GPTConfig:
     fp8_attention: bool = False
     fp8_head: bool = False
     fp8_mlp: bool = False
+    fp8_mlp_down: bool = True
     mlp_kernel: MlpKernel = "torch"
     rotary_kernel: RotaryKernel = "torch"
     attention_backend: AttentionBackend = "sdpa_docs"
@@ -286,7 +289,7 @@ class GPTConfig:
         _check_mode("xsa_form", self.xsa_form, XSA_FORMS)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
                      "fp8_mlp", "value_lambdas", "value_embed_gates", "x0_with_bigram", "skip_gate", "sa_lambdas",
-                     "mudd", "mudd_gates"):
+                     "mudd", "mudd_gates", "fp8_mlp_down"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
         for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers",
@@ -562,10 +565,10 @@ PRESETS: dict[str, GPTConfig] = {
     # q/k/v and output lambdas (#47); learnable per-head XSA on layers 1, 3, 4, 7, 8, 10 (#82); MUDD at the start
     # of layer 10 (reading the outputs of 7) and after the loop (reading 7, 3 and the input of 10), which
     # absorbs backout (#81). Sigmoid attention gates on every attention layer (#28), VE gates on 1, 2, 8, 9
-    # (10's from MUDD). FP8 only in the head (#19) and the MLP up-projection (#84); the record's attention
-    # products are bf16. Left to other switches: the MLP's FP8 up-projection inside the fused ReLU² kernel
-    # (the fused-FP8-MLP helper: fp8_mlp needs mlp_kernel torch today, so here the fused kernel in bf16) and the
-    # multi-token (#53) and prefix-token (#88) losses (the loss helper).
+    # (10's from MUDD). FP8 only in the head (#19) and the MLP up-projection (#84, inside the fused ReLU² kernel,
+    # #87; the down product in bf16: fp8_mlp_down false); the record's attention products are bf16. The prefix-
+    # token loss (#88) builds its table here; its weight and the multi-token weights (#53) are per-step schedule
+    # values (speedrun.optim.stages).
     "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.1, yarn=True,
                           window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
@@ -579,7 +582,7 @@ PRESETS: dict[str, GPTConfig] = {
                           sa_lambdas=True, xsa_layers=(1, 3, 4, 7, 8, 10), xsa_form="normalized",
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
                           attention_backend="flex", cross_entropy="fused", rotary_kernel="triton",
-                          mlp_kernel="triton"),
+                          mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True),
 }
 
 # HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its train_gpt.py
@@ -587,12 +590,12 @@ PRESETS: dict[str, GPTConfig] = {
 # gate from x0 and a post gate at the start of layer 4 give per-token XSA strengths (layers 1, 3, 4, 7, #86 form),
 # linear attention gates on layers 3 and 10 only (from 0.25), the x0/bigram injection gates (instead of the
 # lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the σ(W·x0) gate); lightweight DC on layer 10 over 112
-# keys (#85, speedrun.model.dc); x0 without layer 0's bigram injection (HEAD clones it). Left to other switches:
-# the FP8 up- and down-projections inside the fused ReLU² kernel (#84, #89: the fused-FP8-MLP helper) and the
-# multi-token and prefix-token losses.
+# keys (#85, speedrun.model.dc); x0 without layer 0's bigram injection (HEAD clones it); the MLP's down projection
+# in FP8 too, with its delayed input scale (#89).
 PRESETS["record89"] = dataclasses.replace(
     PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
-    attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112)
+    attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112,
+    fp8_mlp_down=True)
 
 
 def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) -> GPTConfig:

@@ -100,13 +100,16 @@ class _FP8MLPReference(torch.autograd.Function):
     saved values (the kernel's are bf16 products with fp32 accumulation)."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale):
+    def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale, down_fp8=True):
         x_scale = x.detach().abs().amax().float().clamp_min(_MIN_AMAX) / E4M3_MAX      # per tensor, each call
         x8 = (x.float() / x_scale).to(E4M3)
         pre = (x8.float() * x_scale) @ (w1_8.float() * w1_scale).t()                    # (T, F) fp32
         post = torch.relu(pre).square()
-        post8 = torch.clamp(post * (1.0 / post_scale), max=E4M3_MAX).to(E4M3)           # delayed, saturating
-        out = ((post8.float() * post_scale) @ (w2_8.float() * w2_scale).t()).to(torch.bfloat16)    # (T, C)
+        if down_fp8:
+            post8 = torch.clamp(post * (1.0 / post_scale), max=E4M3_MAX).to(E4M3)       # delayed, saturating
+            out = ((post8.float() * post_scale) @ (w2_8.float() * w2_scale).t()).to(torch.bfloat16)  # (T, C)
+        else:                                                   # records #84-#88: the down product in bf16
+            out = (post.to(torch.bfloat16).float() @ w2_back.float().t()).to(torch.bfloat16)        # (T, C)
         amax = post.amax() if post.numel() else torch.zeros((), device=x.device)
         ctx.mark_non_differentiable(amax)
         ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
@@ -120,18 +123,21 @@ class _FP8MLPReference(torch.autograd.Function):
         g_out = g_out.to(torch.bfloat16).float()
         g_pre = (g_out @ w2) * (2.0 * post.sqrt())                   # d relu(p)²/dp = 2·relu(p) = 2·sqrt(post)
         return ((g_pre @ w1).to(x_dtype), (g_pre.t() @ x).to(w1_dtype), (g_out.t() @ post).to(w2_dtype),
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def fp8_mlp_reference(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_fp8: FP8Operands,
-                      w2_fp8: FP8Operands, post_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      w2_fp8: FP8Operands, post_scale: torch.Tensor,
+                      down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain PyTorch ``relu(x W1ᵀ)² W2ᵀ`` with the quantization of
     :func:`speedrun.kernels.relu_square_mlp.relu_square_mlp_fp8` (same arguments and results; any device):
     x (..., C) quantized per tensor (amax/448), the weights' e4m3 operands dequantized, fp32 products,
-    post quantized with ``post_scale`` and saturated at 448, the down product rounded to bf16. Returns
+    post quantized with ``post_scale`` and saturated at 448, the down product rounded to bf16; with
+    ``down_fp8`` False (records #84-#88, the up projection alone in FP8) the down product is post (bf16) times
+    the bf16 ``w2_fp8[2]``, and ``post_scale``, ``w2_fp8[0]``, ``w2_fp8[1]`` are unused. Returns
     (out (..., C) bf16, amax () fp32 of post, before its quantization). Differentiable in x, w1 and w2:
     the bf16 backward of the records (from x, post and the weights' bf16 copies ``w1_fp8[2]``,
     ``w2_fp8[2]``), with fp32 products.
     """
-    out, amax = _FP8MLPReference.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale)
+    out, amax = _FP8MLPReference.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale, down_fp8)
     return out.reshape(*x.shape[:-1], w2.size(0)), amax

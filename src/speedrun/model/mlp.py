@@ -7,7 +7,8 @@ Two implementations of the same function and parameters, chosen by ``kernel`` (`
 ``post``), and ``"triton"``, the fused kernel of records #59 and #87 (:mod:`speedrun.kernels.relu_square_mlp`:
 the forward stores only ``post = relu(pre)²``, the backward rebuilds ``relu(pre) = sqrt(post)``). The
 Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the switch says. With
-``GPTConfig.fp8_mlp`` the two products run in FP8 in training, backward in bf16 (records #84, #89):
+``GPTConfig.fp8_mlp`` the two products run in FP8 in training, backward in bf16 (records #84, #89; with
+``fp8_mlp_down`` false only the up projection, as records #84-#88):
 
 * with ``"torch"``, :class:`speedrun.model.fp8.FP8Linear` for each (per-tensor dynamic scales, amax/448);
 * with ``"triton"``, the records' fused FP8 MLP (:mod:`speedrun.model.fp8_mlp`): x quantized per call
@@ -62,11 +63,12 @@ class MLP(nn.Module):
             raise SpeedrunError(f"model.mlp_kernel must be one of {', '.join(MLP_KERNELS)}; got {kernel!r}")
         self.kernel: MlpKernel = kernel
         self.fc = FP8Linear(config.model_dim, config.mlp_hidden, fp8=config.fp8_mlp)
-        self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp)
+        self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp and config.fp8_mlp_down)
         init_input_(self.fc.weight)
         init_output_(self.proj.weight)
         self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if kernel == "triton" else None
         self.fused_fp8 = config.fp8_mlp and kernel == "triton"
+        self.down_fp8 = config.fp8_mlp_down
         self._fused_fp8 = optional_kernel("relu_square_mlp", "relu_square_mlp_fp8") if self.fused_fp8 else None
         if self.fused_fp8:
             self.proj.weight_cache = DelayedFP8WeightCache()
@@ -85,7 +87,7 @@ class MLP(nn.Module):
         fn = self._fused_fp8 if x.is_cuda else fp8_mlp_reference
         x = x.to(torch.bfloat16) if x.is_cuda else x
         out, amax = fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), _fp8_operands(self.proj),
-                       self.post_scale)
+                       self.post_scale, self.down_fp8)
         with torch.no_grad():
             self.post_scale.copy_(next_post_scale(amax))                # the delayed scale of the next forward
         return out
