@@ -6,7 +6,7 @@ import os
 
 from snakemake.utils import min_version
 
-from speedrun.planning import check_config_syntax
+from speedrun.workflow.planning import check_config_syntax
 
 min_version("9.27")
 

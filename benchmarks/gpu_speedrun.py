@@ -1,6 +1,6 @@
 """Throughput and loss-against-time of the speedrun GPT on one GPU, through the train stage itself.
 
-Runs :func:`speedrun.train.run_training` (the code the pipeline runs: loader, compiled model, optimizers,
+Runs :func:`speedrun.training.loop.run_training` (the code the pipeline runs: loader, compiled model, optimizers,
 log) with the ``train`` settings of a config file, on the tokenize and bos_index stages' folders of a
 corpus, then reads the log back and prints one JSON line of figures:
 
@@ -37,8 +37,9 @@ import yaml
 
 from speedrun.analysis.logs import parse_log, read_record
 from speedrun.model.config import GPTConfig
-from speedrun.train import run_training, use_compile_cache
-from speedrun.train_config import TrainConfig
+from speedrun.training.compile_cache import use_compile_cache
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 
 H200_BF16_TFLOPS = 810.0
 
@@ -60,7 +61,7 @@ def flops_per_token(model: GPTConfig, window_tokens: float) -> float:
 
 def compiled_graphs() -> int:
     """Graphs Dynamo compiled in this process so far (``torch._dynamo.utils.counters``): for a training
-    run, one per graph key of :func:`speedrun.train.warm_up_plan` when nothing breaks a graph."""
+    run, one per graph key of :func:`speedrun.training.loop.warm_up_plan` when nothing breaks a graph."""
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
@@ -166,12 +167,12 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     (``<out>.kernels.md``) and the trace itself (``<out>.trace.json.gz``, for chrome://tracing or Perfetto)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from speedrun.runlog import RunLog
-    from speedrun.train import _Run, train_step
-    from speedrun.train_data import load_training_data
-    from speedrun.train_launch import Launch, resolve_device
+    from speedrun.training.data import load_training_data
+    from speedrun.training.launch import Launch, resolve_device
+    from speedrun.training.loop import _Run, train_step
+    from speedrun.training.runlog import RunLog
 
-    device = resolve_device(config.device, 0)
+    device = resolve_device(config.compute.device, 0)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))
     run.warm_up()
     run.train(0)

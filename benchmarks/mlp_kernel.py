@@ -8,7 +8,13 @@ autocast), T = 49152 tokens (one GPU's micro-batch), C = 768, F = 3072. Variants
   triton+compile    the same under torch.compile(fullgraph=True);
   torch             the reference ``F.linear(relu(F.linear(x, W1))², W2)``, eager;
   torch+compile     the reference under torch.compile(fullgraph=True) (Inductor fuses relu² into a
-                    pointwise kernel but stores ``pre`` for the backward).
+                    pointwise kernel but stores ``pre`` for the backward);
+  triton-fp8        the records' fused FP8 MLP (records #84, #89; speedrun.kernels.relu_square_mlp_fp8): x
+                    quantized per call, the FP8 up projection in the Triton kernel emitting post in bf16 and
+                    in e4m3 with a delayed scale (here amax · 1.80/448 of the same input), the down product
+                    in torch._scaled_mm, bf16 backward; the weights' e4m3 copies are made once outside the
+                    timing (the model's per-step weight cache), eager;
+  triton-fp8+compile  the same under torch.compile(fullgraph=True).
 
 Each is timed with ``triton.testing.do_bench`` (median of repeated calls after warm-up, L2 flushed between
 calls) for the forward alone and for forward + backward (``torch.autograd.grad`` of x, W1, W2). FLOPs:
@@ -36,13 +42,35 @@ def torch_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tens
     return F.linear(torch.relu(F.linear(x, w1)).square(), w2)
 
 
-def variants() -> dict[str, MLPFn]:
+def fp8_variant(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, compiled: bool) -> MLPFn:
+    """The fused FP8 MLP as an (x, w1, w2) -> out function: the e4m3 weight operands (as the per-step weight
+    cache holds them) and the delayed post scale (amax · 1.80/448 of this input) made here, once."""
+    from speedrun.kernels.relu_square_mlp import relu_square_mlp_fp8
+    from speedrun.model.fp8 import quantize
+    from speedrun.model.fp8_mlp import next_post_scale
+
+    def operands(w):
+        w8, scale = quantize(w.detach())
+        return w8, scale, w.detach().bfloat16()
+
+    ops1, ops2 = operands(w1), operands(w2)
+    post_scale = next_post_scale(torch.relu(x.detach().float() @ w1.detach().float().t()).square().amax())
+    fused = torch.compile(relu_square_mlp_fp8, fullgraph=True) if compiled else relu_square_mlp_fp8
+
+    def fn(x, w1, w2):
+        return fused(x, w1, w2, ops1, ops2, post_scale)[0]
+    return fn
+
+
+def variants(inputs: list[torch.Tensor]) -> dict[str, MLPFn]:
     from speedrun.kernels.relu_square_mlp import relu_square_mlp
 
     return {"triton": relu_square_mlp,
             "triton+compile": torch.compile(relu_square_mlp, fullgraph=True),
             "torch": torch_mlp,
-            "torch+compile": torch.compile(torch_mlp, fullgraph=True)}
+            "torch+compile": torch.compile(torch_mlp, fullgraph=True),
+            "triton-fp8": fp8_variant(*inputs, compiled=False),
+            "triton-fp8+compile": fp8_variant(*inputs, compiled=True)}
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -100,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     g_out = torch.randn(T, C, **opts).bfloat16()
     inputs = [x, w1, w2]
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; T={T} C={C} F={Fh} bf16")
-    print(f"{'variant':<16}{'fwd ms':>9}{'TFLOP/s':>9}{'fwd+bwd ms':>12}{'TFLOP/s':>9}{'held MiB':>10}"
+    print(f"{'variant':<20}{'fwd ms':>9}{'TFLOP/s':>9}{'fwd+bwd ms':>12}{'TFLOP/s':>9}{'held MiB':>10}"
           f"  relative errors (out, g_x, g_w1, g_w2) vs fp32")
     flops = 4 * T * C * Fh
-    for name, fn in variants().items():
+    for name, fn in variants(inputs).items():
         m = measure(fn, inputs, g_out, args.rep_ms)
         e = errors(fn, inputs, g_out)
-        print(f"{name:<16}{m['fwd_ms']:>9.3f}{flops / m['fwd_ms'] / 1e9:>9.0f}{m['fwd_bwd_ms']:>12.3f}"
+        print(f"{name:<20}{m['fwd_ms']:>9.3f}{flops / m['fwd_ms'] / 1e9:>9.0f}{m['fwd_bwd_ms']:>12.3f}"
               f"{3 * flops / m['fwd_bwd_ms'] / 1e9:>9.0f}{m['held_mib']:>10.0f}  "
               + ", ".join(f"{v:.1e}" for v in e.values()))
     return 0

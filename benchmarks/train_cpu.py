@@ -1,6 +1,6 @@
 """Training and validation throughput of a model preset on the CPU (tokens/s), on one thread by default.
 
-Runs the stage's own step (:func:`speedrun.train.train_step` + the optimizers) on synthetic packed
+Runs the stage's own step (:func:`speedrun.training.loop.train_step` + the optimizers) on synthetic packed
 micro-batches of random tokens (documents of 300-1500 tokens), after untimed warm-up steps, and the
 validation forward on chunks of ``--val-batch-tokens``. The figure sizes the default experiment: a run
 costs about steps * tokens_per_step / train_tokens_per_s + evaluations * val_tokens / val_tokens_per_s.
@@ -23,8 +23,8 @@ import torch
 from speedrun.data.loader import MicroBatch, to_torch
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import build_optimizers
-from speedrun.train import evaluate, train_step
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import evaluate, train_step
 
 
 def synthetic_micro_batch(tokens: int, rng: np.random.Generator) -> MicroBatch:
@@ -43,9 +43,10 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     model = GPT(config.model_config())
-    optimizers = build_optimizers(model, model.parameter_kinds(), config.optim_config())
+    optimizers = build_optimizers(model, model.parameter_kinds(), config.optimizer)
     device = torch.device("cpu")
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")  # noqa: E731
+    bf16 = config.compute.dtype == "bfloat16"
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     times = []
     for step in range(warmup + steps):
         batches = [synthetic_micro_batch(config.micro_batch_tokens, rng) for _ in range(config.micro_batches)]
@@ -58,14 +59,14 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
         model.after_optimizer_step()
         if step >= warmup:
             times.append(time.perf_counter() - start)
-    val = [to_torch(synthetic_micro_batch(config.val_batch_tokens, rng), device) for _ in range(val_batches)]
+    val = [to_torch(synthetic_micro_batch(config.evaluation.val_batch_tokens, rng), device) for _ in range(val_batches)]
     evaluate(model, val[:1], autocast, 1)
     start = time.perf_counter()
     evaluate(model, val, autocast, 1)
     val_s = time.perf_counter() - start
     step_s = statistics.median(times)
     return {"ms_per_step": 1000 * step_s, "train_tokens_per_s": config.tokens_per_step / step_s,
-            "val_tokens_per_s": val_batches * config.val_batch_tokens / val_s}
+            "val_tokens_per_s": val_batches * config.evaluation.val_batch_tokens / val_s}
 
 
 def main() -> None:
@@ -85,11 +86,11 @@ def main() -> None:
     result = bench(config, args.steps, args.warmup, args.val_batches)
     shape = config.model_config()
     print(f"preset {args.preset} ({shape.n_layer} layers, dim {shape.model_dim}, {shape.n_head}x{shape.head_dim} "
-          f"heads, vocab {shape.vocab_size}), dtype {config.dtype}, {args.threads} thread(s), "
+          f"heads, vocab {shape.vocab_size}), dtype {config.compute.dtype}, {args.threads} thread(s), "
           f"{config.tokens_per_step} tokens/step in {config.micro_batches} micro-batches:")
     print(f"  train: {result['ms_per_step']:.0f} ms/step = {result['train_tokens_per_s']:.0f} tokens/s (median "
           f"of {args.steps} steps)")
-    print(f"  validation: {result['val_tokens_per_s']:.0f} tokens/s (chunks of {config.val_batch_tokens})")
+    print(f"  validation: {result['val_tokens_per_s']:.0f} tokens/s (chunks of {config.evaluation.val_batch_tokens})")
     print(f"  load average before the run: {load:.2f} (other jobs on the machine lower these figures)")
 
 

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 
 
 def main(settings: str, shards_dir: str, bos_dir: str, log_path: str, losses_pattern: str) -> None:

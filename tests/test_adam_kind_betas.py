@@ -20,8 +20,9 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.adam import CautiousAdam
 from speedrun.optim.groups import ADAM_KINDS, OptimConfig, build_optimizers
-from speedrun.planning import schema_error_message
-from speedrun.train_config import TrainConfig
+from speedrun.optim.config import ALL_ADAM_KINDS, RECORD_ADAM_KINDS
+from speedrun.training.config import TrainConfig
+from speedrun.workflow.planning import schema_error_message
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
@@ -58,30 +59,30 @@ def adam_groups(model, config: OptimConfig) -> tuple[torch.optim.Optimizer, dict
 def test_the_setting_travels_from_yaml_to_the_optim_config_and_back_through_json():
     settings = yaml.safe_load("adam_kind_betas: {head: [0.5, 0.95], embed: [0.75, 0.95], scalar: [0.9, 0.99]}")
     cfg = TrainConfig.from_dict({"model": {"n_layer": 2}, "adam_betas": [0.8, 0.9], **settings})
-    assert cfg.adam_kind_betas == RECORD and cfg.adam_betas == (0.8, 0.9)
-    assert all(type(pair) is tuple for pair in cfg.adam_kind_betas.values())
-    optim = cfg.optim_config()
+    assert cfg.optimizer.adam_kind_betas == RECORD and cfg.optimizer.adam_betas == (0.8, 0.9)
+    assert all(type(pair) is tuple for pair in cfg.optimizer.adam_kind_betas.values())
+    optim = cfg.optimizer
     assert optim.adam_kind_betas == RECORD and optim.adam_betas == (0.8, 0.9)
     written = json.loads(cfg.to_json())["adam_kind_betas"]
     assert written == {"head": [0.5, 0.95], "embed": [0.75, 0.95], "scalar": [0.9, 0.99]}
     again = TrainConfig.from_dict({"model": {"n_layer": 2}, "adam_betas": [0.8, 0.9], "adam_kind_betas": written})
     assert again == cfg
-    partial = TrainConfig.from_dict({"adam_kind_betas": {"scalar": [0.9, 0.99]}}).optim_config()
+    partial = TrainConfig.from_dict({"adam_kind_betas": {"scalar": [0.9, 0.99]}}).optimizer
     assert partial.adam_kind_betas == {"scalar": (0.9, 0.99)}
 
 
 def test_the_default_is_an_empty_mapping():
-    assert TrainConfig().adam_kind_betas == {} and OptimConfig().adam_kind_betas == {}
-    assert TrainConfig.from_dict({}).optim_config().adam_kind_betas == {}
+    assert TrainConfig().optimizer.adam_kind_betas == {} and OptimConfig().adam_kind_betas == {}
+    assert TrainConfig.from_dict({}).optimizer.adam_kind_betas == {}
     assert json.loads(TrainConfig().to_json())["adam_kind_betas"] == {}
 
 
 @pytest.mark.parametrize("value, message", [
-    ([0.5, 0.95], r"train\.adam_kind_betas must be a mapping from Adam kind \(embed, head, scalar\) to a pair "
+    ([0.5, 0.95], r"train\.adam_kind_betas must be a mapping from Adam kind \(embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias\) to a pair "
                   r"\[beta1, beta2\], got \[0\.5, 0\.95\]$"),
     ({"heads": [0.5, 0.95]}, r"train\.adam_kind_betas has an unknown Adam kind 'heads'; expected one of "
-                             r"embed, head, scalar$"),
-    ({"matrix": [0.9, 0.95]}, r"unknown Adam kind 'matrix'; expected one of embed, head, scalar$"),
+                             r"embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias$"),
+    ({"matrix": [0.9, 0.95]}, r"unknown Adam kind 'matrix'; expected one of embed, head, scalar, gate, smear_gate, lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias$"),
     ({"head": [0.5]}, r"train\.adam_kind_betas\.head must be a pair \[beta1, beta2\], got \[0\.5\]$"),
     ({"scalar": [0.9, 0.95, 0.99]}, r"train\.adam_kind_betas\.scalar must be a pair \[beta1, beta2\], "
                                     r"got \[0\.9, 0\.95, 0\.99\]$"),
@@ -101,8 +102,9 @@ def test_a_wrong_value_names_the_setting_the_kind_and_the_value(value, message):
 def test_a_pair_given_directly_must_be_a_tuple_as_adam_betas():
     """Only from_dict turns YAML's lists into tuples; a list given to the constructor is refused, not kept."""
     with pytest.raises(SpeedrunError, match=r"adam_kind_betas\.head must be a pair \[beta1, beta2\], got \[0\.5"):
-        TrainConfig(adam_kind_betas={"head": [0.5, 0.95]})
-    assert TrainConfig(adam_kind_betas={"head": (0.5, 0.95)}).adam_kind_betas == {"head": (0.5, 0.95)}
+        TrainConfig(optimizer=OptimConfig(adam_kind_betas={"head": [0.5, 0.95]}))
+    paired = TrainConfig(optimizer=OptimConfig(adam_kind_betas={"head": (0.5, 0.95)}))
+    assert paired.optimizer.adam_kind_betas == {"head": (0.5, 0.95)}
 
 
 # ---- the optimizer groups ------------------------------------------------------------------------------
@@ -186,12 +188,16 @@ def test_the_schema_entry_checks_kinds_and_pairs_and_adds_no_default():
     would rerun every existing run."""
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
     entry = schema["properties"]["train"]["properties"]["adam_kind_betas"]
-    assert tuple(entry["propertyNames"]["enum"]) == ADAM_KINDS and "default" not in entry
+    assert tuple(entry["propertyNames"]["enum"]) == ALL_ADAM_KINDS and "default" not in entry
+    lrs = schema["properties"]["train"]["properties"]["adam_kind_lrs"]
+    assert tuple(lrs["propertyNames"]["enum"]) == tuple(RECORD_ADAM_KINDS) and "default" not in lrs
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     ok = {**config, "train": {**config["train"], "adam_kind_betas": {k: list(v) for k, v in RECORD.items()}}}
     jsonschema.validate(ok, schema)
     cases = [({"heads": [0.5, 0.95]}, "a.yaml: train.adam_kind_betas: 'heads' is not one of "
-                                      "['embed', 'head', 'scalar']"),
+                                      "['embed', 'head', 'scalar', 'gate', 'smear_gate', 'lambda', "
+                                      "'resid_lambda', 'skip_gate', 'mudd', 'mudd_bias', 'mudd_gate', "
+                                      "'mudd_gate_bias']"),
              ({"head": [0.5, 1.0]}, "a.yaml: train.adam_kind_betas.head.1: 1.0 is greater than or equal to the "
                                     "maximum of 1"),
              ({"head": [0.5]}, "a.yaml: train.adam_kind_betas.head: [0.5] is too short")]

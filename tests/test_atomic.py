@@ -1,4 +1,4 @@
-"""Atomic output (speedrun.atomic): symbolic links written through, devices and FIFOs written directly, a
+"""Atomic output (speedrun.support.atomic): symbolic links written through, devices and FIFOs written directly, a
 folder refused, OS errors named by the output's path."""
 
 import errno
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from speedrun.atomic import atomic_open, printable, write_json, write_text
+from speedrun.support.atomic import atomic_open, printable, write_json, write_text
 
 
 def test_regular_file_is_replaced_atomically(tmp_path):

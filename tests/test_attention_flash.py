@@ -21,7 +21,7 @@ from speedrun.errors import SpeedrunError
 from speedrun.model import attention as attention_module
 from speedrun.model import flash
 from speedrun.model.attention import PackedDocuments, attention, resolve_backend
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 def library_semantics(q, k, v, cu, scale, causal, window_size):
@@ -258,7 +258,7 @@ def test_flash_backends_match_reference_values_and_gradients_in_bfloat16(backend
 
 
 def test_a_run_with_auto_logs_the_backend_that_ran(tmp_path):
-    from speedrun.train import run_training
+    from speedrun.training.loop import run_training
     from synthetic_data import counting_documents, write_dataset
 
     shards, bos = write_dataset(tmp_path / "data", counting_documents(200), shard_tokens=16384)

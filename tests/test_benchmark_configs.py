@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "configs").glob("*.yaml"))
 
@@ -22,7 +22,7 @@ def test_there_are_benchmark_configs():
 def test_benchmark_config_loads(path: Path):
     config = TrainConfig.from_dict(yaml.safe_load(path.read_text())["train"])
     model = config.model_config()
-    assert config.device == "cuda" and config.compile
+    assert config.compute.device == "cuda" and config.compute.compile
     assert config.tokens_per_step % config.micro_batches == 0
     assert model.model_dim == 768 and model.n_layer in (11, 12)       # gpt124m (HEAD's 11), record28
 
@@ -33,7 +33,8 @@ def test_race_configs_share_the_race():
     assert len(races) >= 4
     for path in races:
         config = TrainConfig.from_dict(yaml.safe_load(path.read_text())["train"])
-        assert (config.steps, config.tokens_per_step, config.val_tokens, config.val_every) == (120, 393216, 983040, 20), path
+        sizes = (config.steps, config.tokens_per_step, config.evaluation.val_tokens, config.evaluation.val_every)
+        assert sizes == (120, 393216, 983040, 20), path
 
 
 def load_gpu_speedrun():

@@ -1,5 +1,5 @@
 """`speedrun bos-index`: positions against a naive scan, manifest, stale and corrupt shards, refused output
-folders; and opening a tokenized dataset for training (`speedrun.train_data.load_training_data`)."""
+folders; and opening a tokenized dataset for training (`speedrun.training.data.load_training_data`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from speedrun.cli import main as cli_main
 from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
 from speedrun.tokenize import tokenize_documents
-from speedrun.train_data import load_training_data
+from speedrun.training.data import load_training_data
 
 BOS = 50256
 

@@ -10,11 +10,11 @@ import pytest
 from scipy import stats as sps
 
 from speedrun import cli
+from speedrun.analysis.group_stats import compute_stats
 from speedrun.analysis.groups import collect_runs
 from speedrun.bundle import build_bundle
 from speedrun.errors import SpeedrunError
 from speedrun.parse import parse_to_files
-from speedrun.stats import compute_stats
 from test_logs import REFERENCE, needs_reference, our_log, write
 from test_stats import close_to_printed, published_rows
 
@@ -200,9 +200,9 @@ def test_a_candidate_without_train_time_is_told_why_speed_is_not_compared():
     """Counted candidate runs without a train_time (llm.c logs): the README's reasons say which runs lack a time,
     not 'is not faster ... (p = –)'."""
     from speedrun.analysis.bundle_readme import not_a_record_reasons
+    from speedrun.analysis.comparison import compare_groups
+    from speedrun.analysis.group_stats import group_stats
     from speedrun.analysis.groups import Group
-    from speedrun.compare import compare_groups
-    from speedrun.stats import group_stats
     from test_stats import record
 
     base = Group("b", "b", "b", tuple(record(f"b{i}.txt", v, t) for i, (v, t) in
@@ -240,7 +240,7 @@ def test_the_readme_warns_about_a_log_on_both_sides(tmp_path):
     """A baseline log copied into the candidate's folder: the comparison's warning (1 identical run on both
     sides, what `speedrun compare` lists) is in the README's warning block; a folder bundled against itself
     warns of all its runs."""
-    from speedrun.compare import compare_groups, one_group
+    from speedrun.analysis.comparison import compare_groups, one_group
 
     base = make_side(tmp_path, "baseline", [6.90, 6.95, 6.88], 0.05)
     cand = make_side(tmp_path, "candidate", [6.80, 6.84, 6.79], 0.04)
@@ -267,8 +267,8 @@ def test_the_readme_warns_about_a_log_on_both_sides(tmp_path):
 def test_the_readme_lists_rule_violations_and_runs_without_time_too(tmp_path):
     """Every warning of the comparison, in its order: the violated rules in one line, then the others."""
     from speedrun.analysis.bundle_readme import warning_lines
+    from speedrun.analysis.comparison import compare_groups
     from speedrun.analysis.groups import Group
-    from speedrun.compare import compare_groups
     from test_stats import record
 
     base = Group("b", "b", "b", tuple(replace_gpu(record(f"b{i}.txt", v, t), "H100")

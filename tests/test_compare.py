@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from speedrun import cli
+from speedrun.analysis.comparison import compare_groups, one_group
 from speedrun.analysis.comparison_tables import comparison_markdown, comparison_rows, comparison_text
 from speedrun.analysis.groups import Group
 from speedrun.analysis.tests import speedup, welch_ci, welch_dof, welch_test
-from speedrun.compare import compare_groups, one_group
 from speedrun.errors import SpeedrunError
 from test_logs import REFERENCE, needs_reference
 from test_logs import our_log, write
@@ -288,7 +288,7 @@ def test_each_run_not_counted_is_listed_once_with_all_its_reasons_in_log_order(t
 
 @pytest.mark.parametrize("target", ["-1", "0", "inf", "nan"])
 def test_compare_refuses_a_target_that_is_no_val_loss(tmp_path, capsys, target):
-    """The check `speedrun stats` makes (speedrun.stats.check_target), with its message."""
+    """The check `speedrun stats` makes (speedrun.analysis.group_stats.check_target), with its message."""
     make_runs(tmp_path / "b", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
     make_runs(tmp_path / "c", [(i, "complete", "cpu", v, 90.0) for i, v in enumerate([6.8, 6.85, 6.75])])
     assert cli.main(["compare", str(tmp_path / "b"), str(tmp_path / "c"), "--target", target]) == 2

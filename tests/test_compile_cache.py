@@ -16,7 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import speedrun
-from speedrun.train import allow_training_graph_cache, compile_cache_tag
+from speedrun.training.compile_cache import allow_training_graph_cache, compile_cache_tag
 from test_model import batch, small_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_a_second_process_loads_the_training_graph_from_the_cache(tmp_path):
     script = textwrap.dedent("""
         import json, sys, torch
         from torch._dynamo.utils import counters
-        from speedrun.train import allow_training_graph_cache
+        from speedrun.training.compile_cache import allow_training_graph_cache
         sys.path.insert(0, sys.argv[1])
         from test_compile_cache import _loss_with_autocast_off
         allow_training_graph_cache()

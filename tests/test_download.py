@@ -19,6 +19,7 @@ from urllib.parse import unquote
 import pytest
 from hub_server import HubServer, fineweb_parquet_bytes, git_blob_sha1, shard_bytes
 
+from speedrun.data.hub import RetryPolicy, list_remote_files
 from speedrun.download import (
     HubFile,
     check_arguments,
@@ -32,7 +33,6 @@ from speedrun.download import (
     staging_dir,
 )
 from speedrun.errors import SpeedrunError
-from speedrun.hub import RetryPolicy, list_remote_files
 
 REPO = "kjj0/fineweb10B-gpt2"
 RAW = "HuggingFaceFW/fineweb"

@@ -15,8 +15,8 @@ from speedrun.model.config import GPTConfig, build_model_config
 from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, build_optimizers
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 from test_train import QUICK, counting_documents, write_dataset
 
 

@@ -3,9 +3,9 @@
 import re
 from pathlib import Path
 
+from speedrun.analysis.comparison import compare_groups, one_group
+from speedrun.analysis.group_stats import compute_stats
 from speedrun.analysis.logs import read_record
-from speedrun.compare import compare_groups, one_group
-from speedrun.stats import compute_stats
 from test_logs import our_log, write
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()

@@ -17,8 +17,8 @@ from speedrun.model.fp8 import (E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, FP8
                                 quantize)
 from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 from synthetic_data import counting_documents, write_dataset
 from test_train import QUICK
 

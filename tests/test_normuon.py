@@ -14,7 +14,7 @@ from speedrun.optim.adam import CautiousAdam
 from speedrun.optim.groups import OptimConfig, build_optimizers
 from speedrun.optim.muon import Muon, cautious_mask, second_moment_shape, variance_normalize
 from speedrun.optim.orthogonalize import orthogonalize
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 def _rows_normalized(rows, second_moments, target_norm):
@@ -119,7 +119,7 @@ def test_switches_reach_the_optimizers_and_are_checked_in_the_training_settings(
     plain_adam, _ = build_optimizers(model, kinds, OptimConfig()).optimizers
     assert isinstance(plain_adam, torch.optim.AdamW)
     cfg = TrainConfig.from_dict({"normuon_beta2": 0.9, "cautious_weight_decay": True, "weight_decay": 1.2})
-    assert (cfg.optim_config().normuon_beta2, cfg.optim_config().cautious_weight_decay) == (0.9, True)
+    assert (cfg.optimizer.normuon_beta2, cfg.optimizer.cautious_weight_decay) == (0.9, True)
     with pytest.raises(SpeedrunError, match="normuon_beta2"):
         TrainConfig.from_dict({"normuon_beta2": 1.0})
     with pytest.raises(SpeedrunError, match="cautious_weight_decay"):

@@ -17,8 +17,8 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import OptimConfig, build_optimizers
 from speedrun.optim.muon import Muon
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
 from synthetic_data import counting_documents, write_dataset
 from test_train import QUICK, SMALL, _run_ranks
 
@@ -117,9 +117,9 @@ def test_the_default_fc_multiplier_leaves_one_muon_group():
 def test_adam_eps_reaches_every_adam_group_and_sets_the_step(cautious):
     cfg = TrainConfig.from_dict({"model": {"n_layer": 2, "vocab_size": 64, **GATED}, "adam_eps": 2.5e-16,
                                  "cautious_weight_decay": cautious})
-    assert cfg.optim_config().adam_eps == 2.5e-16
+    assert cfg.optimizer.adam_eps == 2.5e-16
     model = tiny_gpt(**GATED).float()
-    opts = build_optimizers(model, model.parameter_kinds(), cfg.optim_config())
+    opts = build_optimizers(model, model.parameter_kinds(), cfg.optimizer)
     adam = opts.optimizers[0]
     assert not isinstance(adam, Muon) and {g["kind"] for g in adam.param_groups} == {"embed", "head", "scalar"}
     assert [g["eps"] for g in adam.param_groups] == [2.5e-16] * len(adam.param_groups)
@@ -136,7 +136,7 @@ def test_adam_eps_reaches_every_adam_group_and_sets_the_step(cautious):
     eps = 2.5e-16 / math.sqrt(1 - 0.95) if cautious else 2.5e-16
     expected = before - 0.04 * 1e-14 / (1e-14 + eps)
     torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=1e-7)
-    default = TrainConfig.from_dict({"model": {"n_layer": 2}}).optim_config()
+    default = TrainConfig.from_dict({"model": {"n_layer": 2}}).optimizer
     assert default.adam_eps == 1e-10
 
 
@@ -201,9 +201,9 @@ def test_the_switch_moves_the_gates_to_muon_with_an_orthogonalized_step(method, 
 def test_the_settings_reach_the_optim_config():
     cfg = TrainConfig.from_dict({"model": {"attention_gate_layers": [0, 1]}, "mlp_fc_lr_mul": 0.5,
                                  "adam_eps": 2.54e-16, "muon_attention_gates": True})
-    optim = cfg.optim_config()
+    optim = cfg.optimizer
     assert (optim.mlp_fc_lr_mul, optim.adam_eps, optim.muon_attention_gates) == (0.5, 2.54e-16, True)
-    defaults = TrainConfig().optim_config()
+    defaults = TrainConfig().optimizer
     assert (defaults.mlp_fc_lr_mul, defaults.adam_eps, defaults.muon_attention_gates) == (1.0, 1e-10, False)
 
 

@@ -1,4 +1,4 @@
-"""Planning-time checks (`speedrun.planning.check_training_data`): the manifests of the tokenize and bos-index
+"""Planning-time checks (`speedrun.workflow.planning.check_training_data`): the manifests of the tokenize and bos-index
 stages are read with the key check of `speedrun.data.dataset.read_manifest` (a missing key is named with its file
 and entry, not a KeyError), and a shard list without a train shard is refused naming the manifest."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.planning import check_config_syntax, check_training_data
+from speedrun.workflow.planning import check_config_syntax, check_training_data
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}

@@ -1,12 +1,12 @@
-"""speedrun.preflight: a GPU run's node shows the GPUs the config asks for (count, model, memory), with messages
-that say what was expected and found; on a GPU machine, the check against the GPUs torch sees."""
+"""speedrun.training.preflight: a GPU run's node shows the GPUs the config asks for (count, model, memory), with
+messages that say what was expected and found; on a GPU machine, the check against the GPUs torch sees."""
 
 from __future__ import annotations
 
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.preflight import (GpuInfo, GpuRequirement, check_gpus, describe, local_process_count, preflight,
+from speedrun.training.preflight import (GpuInfo, GpuRequirement, check_gpus, describe, local_process_count, preflight,
                                 visible_gpus)
 
 H100 = GpuInfo("NVIDIA H100 80GB HBM3", 85_520_809_984)        # 79.65 GiB, as torch reports an H100 SXM
@@ -52,7 +52,7 @@ def test_describe_and_the_local_process_count():
 
 
 def test_preflight_by_device(monkeypatch):
-    import speedrun.preflight as module
+    import speedrun.training.preflight as module
 
     monkeypatch.setattr(module, "visible_gpus", lambda: [H100] * 4)
     preflight("cuda", GpuRequirement("H100"), {"LOCAL_WORLD_SIZE": "4"}, 8)
@@ -69,9 +69,9 @@ def test_preflight_by_device(monkeypatch):
 
 
 def test_a_gpu_run_without_its_gpus_stops_before_writing_anything(tmp_path, monkeypatch):
-    import speedrun.preflight as module
-    from speedrun.train import run_training
-    from speedrun.train_config import TrainConfig
+    import speedrun.training.preflight as module
+    from speedrun.training.config import TrainConfig
+    from speedrun.training.loop import run_training
     from cluster_support import write_dataset
 
     shards, bos = write_dataset(tmp_path / "data", documents=200)

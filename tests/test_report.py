@@ -194,9 +194,9 @@ def test_verdict_says_why_a_candidate_has_no_test(tmp_path):
     but the runs it lacks; a baseline without runs is named; the normal case keeps its verdict."""
     from scipy import stats as sps
 
+    from speedrun.analysis.comparison import compare_groups, one_group
+    from speedrun.analysis.group_stats import compute_stats
     from speedrun.analysis.report_tables import render_comparisons
-    from speedrun.compare import compare_groups, one_group
-    from speedrun.stats import compute_stats
     from test_stats import make_runs
 
     specs = {"baseline": [(0, "complete", "cpu", 6.90, 100.0), (1, "complete", "cpu", 6.95, 102.0),
@@ -239,9 +239,9 @@ def test_the_n_column_says_it_counts_baseline_then_candidate_runs():
 def test_a_verdict_without_a_train_time_p_value_says_why_not_not_faster():
     """Counted runs without a train_time (llm.c logs) or with equal times give no Welch p on train_time: the
     verdict names the runs that lack a time, or the test's reason, instead of 'not faster (p=–)'."""
+    from speedrun.analysis.comparison import compare_groups
     from speedrun.analysis.groups import Group
     from speedrun.analysis.report_tables import comparison_verdict
-    from speedrun.compare import compare_groups
     from test_stats import record
 
     def group(name, losses, times):

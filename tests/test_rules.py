@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from speedrun import cli
+from speedrun.analysis.comparison import compare_groups, one_group
 from speedrun.analysis.groups import Group
 from speedrun.analysis.rules import check_rules, violations
-from speedrun.compare import compare_groups, one_group
 from test_logs import REFERENCE, needs_reference, our_log, write
 from test_stats import record
 

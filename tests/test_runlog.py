@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from speedrun.runlog import code_version
+from speedrun.training.runlog import code_version
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -63,7 +63,7 @@ def test_a_log_path_that_is_a_folder_is_refused_before_training(tmp_path):
     """`speedrun train --out <folder>` trained the whole run, then failed at the rename and left the temporary
     log behind: the run log now refuses the folder when it is opened, before the first step."""
     from speedrun.errors import SpeedrunError
-    from speedrun.runlog import RunLog
+    from speedrun.training.runlog import RunLog
 
     with pytest.raises(SpeedrunError, match=rf"^{tmp_path}: is a folder; expected the training log's file name"):
         RunLog(tmp_path, echo=False)

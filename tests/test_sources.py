@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.sources import module_files
+from speedrun.workflow.sources import module_files
 
 
 def _names(module):
@@ -28,7 +28,7 @@ def test_data_stages_never_depend_on_model_code():
 
 
 def test_relative_imports_are_followed(tmp_path, monkeypatch):
-    import speedrun.sources as sources
+    import speedrun.workflow.sources as sources
 
     pkg = tmp_path / "speedrun"
     (pkg / "sub").mkdir(parents=True)

@@ -17,6 +17,7 @@ from scipy import integrate, stats as sps
 
 from speedrun import cli
 from speedrun import stats as stats_stage
+from speedrun.analysis.group_stats import compute_stats, group_stats
 from speedrun.analysis.groups import Group, collect_runs, run_label
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.tables import statistics_markdown
@@ -79,8 +80,8 @@ def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
     records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
     shuffled = records[:]
     rnd.shuffle(shuffled)
-    a = stats_stage.group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = stats_stage.group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
+    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
     for key in ("n", "val_loss_mean", "val_loss_std", "p_value", "train_time_mean_s", "train_time_std_s"):
         assert a[key] == pytest.approx(b[key], rel=1e-9)
     times_ms = np.array([t for _, t in runs])
@@ -94,7 +95,7 @@ def test_incomplete_and_duplicate_runs_are_listed_not_counted():
     runs = (record("a.txt", 3.27, 1000.0), record("b.txt", 3.28, 1100.0, h="a.txt"),
             record("c.txt", None, None, status="diverged"), record("d.txt", 3.29, 1200.0),
             record("e.txt", None, None, status="truncated"))
-    s = stats_stage.group_stats(Group("g", "g", "g", runs, duplicate_of=(None, "a.txt", None, None, None)), 3.28).to_json()
+    s = group_stats(Group("g", "g", "g", runs, duplicate_of=(None, "a.txt", None, None, None)), 3.28).to_json()
     assert s["n"] == 2 and s["val_loss_mean"] == pytest.approx(3.28)
     assert s["incomplete"] == {"diverged": 1, "truncated": 1}
     assert [r["status"] for r in s["runs"]] == ["complete", "complete", "diverged", "complete", "truncated"]
@@ -128,7 +129,7 @@ def test_directory_groups_skip_non_logs_and_flag_duplicates(tmp_path):
     assert len(g.runs) == 6 and len(g.counted) == 3
     assert g.duplicates == {str(base / "zz_copy.txt"): str(base / "seed0.txt")}
     assert g.skipped == (str(base / "README.md"),)
-    s = stats_stage.group_stats(g, 7.0).to_json()
+    s = group_stats(g, 7.0).to_json()
     assert s["n"] == 3 and s["incomplete"] == {"diverged": 1, "failed": 1}
     assert s["val_loss_mean"] == pytest.approx(6.9) and s["val_loss_std"] == pytest.approx(0.05)
     assert s["train_time_mean_s"] == pytest.approx(0.4)  # 4 steps x 100 ms on average
@@ -147,7 +148,7 @@ def test_a_variant_matching_another_loss_for_loss_keeps_its_runs(tmp_path):
     assert len(base.counted) == len(cand.counted) == 3 and base.duplicates == {}
     assert cand.duplicates == {str(tmp_path / "candidate" / "zz_copy.txt"): str(tmp_path / "candidate" /
                                                                                      "seed0.txt")}
-    times = [stats_stage.group_stats(g, 7.0).to_json()["train_time_mean_s"] for g in (base, cand)]
+    times = [group_stats(g, 7.0).to_json()["train_time_mean_s"] for g in (base, cand)]
     assert times == pytest.approx([0.4, 0.36])
 
 
@@ -344,7 +345,7 @@ def close_to_printed(value: float, printed: str) -> bool:
 @pytest.mark.parametrize("directory, cells", published_rows(), ids=lambda x: x if isinstance(x, str) else "")
 def test_published_statistics_are_reproduced(directory, cells):
     n, steps, mean, std, p, time_mean, time_std = cells
-    results = stats_stage.compute_stats([str(REFERENCE / directory)], target=3.28)
+    results = compute_stats([str(REFERENCE / directory)], target=3.28)
     [s] = [s for s in results if s.group.steps == int(steps)]
     out = s.to_json()
     assert out["n"] == int(n)
@@ -365,7 +366,7 @@ def test_published_rows_were_found():
 def test_statistics_md_tables_match_the_published_ones(group):
     folder = REFERENCE / "2026-05-20_BigramsSignTrick" / group
     published = (folder / "statistics.md").read_text()
-    [s] = stats_stage.compute_stats([str(folder)])
+    [s] = compute_stats([str(folder)])
     ours = statistics_markdown(s)
     table_rows = [line for line in published.splitlines() if re.match(r"^\| (val_loss|train_time \(ms\)|[0-9a-f]{8}) \|", line)]
     assert len(table_rows) == len(list(folder.glob("*.txt"))) + 2
@@ -375,7 +376,7 @@ def test_statistics_md_tables_match_the_published_ones(group):
 
 @needs_reference
 def test_truncated_run_is_listed_not_counted():
-    [s] = stats_stage.compute_stats([str(REFERENCE / "2026-01-30_MimeticValueOutput" / "runs")])
+    [s] = compute_stats([str(REFERENCE / "2026-01-30_MimeticValueOutput" / "runs")])
     out = s.to_json()
     assert out["n"] == 7 and out["incomplete"] == {"truncated": 1}
     assert [r["file"].split("/")[-1][:8] for r in out["runs"] if r["status"] == "truncated"] == ["6037e443"]
@@ -413,7 +414,7 @@ def test_identical_loss_curves_count_once(tmp_path):
     assert len(g.counted) == 2
     assert g.duplicates == {str(d / "seed2.txt"): str(d / "seed0.txt")}
     assert g.duplicate_kinds == {str(d / "seed2.txt"): "identical loss curve"}
-    s = stats_stage.group_stats(g, 7.0).to_json()
+    s = group_stats(g, 7.0).to_json()
     assert s["duplicate_kinds"] == {str(d / "seed2.txt"): "identical loss curve"}
     assert [r["duplicate_kind"] for r in s["runs"]] == [None, None, "identical loss curve"]
     assert "duplicate (identical loss curve), counted once" in console_table(g)
@@ -428,7 +429,7 @@ def test_a_copy_of_a_diverged_log_is_listed_once_with_both_reasons(tmp_path):
     (d / "seed0_copy.txt").write_bytes((d / "seed0.txt").read_bytes())
     (d / "seed3_copy.txt").write_bytes((d / "seed3.txt").read_bytes())
     [g] = collect_runs([str(d)])
-    md = statistics_markdown(stats_stage.group_stats(g, 7.0)).splitlines()
+    md = statistics_markdown(group_stats(g, 7.0)).splitlines()
     diverged = "run diverged: non-finite train_loss at step 2"
     start = md.index("## Runs not counted")
     assert md[start + 4:start + 6] == [f"| seed3 | diverged | 2 | {diverged} |",
@@ -443,12 +444,12 @@ def test_a_copy_of_a_diverged_log_is_listed_once_with_both_reasons(tmp_path):
 def console_table(g):
     from speedrun.analysis.tables import stats_table
 
-    return stats_table([stats_stage.group_stats(g, 7.0)])
+    return stats_table([group_stats(g, 7.0)])
 
 
 def test_too_few_runs_are_said_not_bare(tmp_path, capsys):
     make_runs(tmp_path / "two", [(0, "complete", "cpu", 6.5, 100.0), (1, "complete", "cpu", 6.6, 100.0)])
-    [s] = stats_stage.compute_stats([str(tmp_path / "two")], target=7.0)
+    [s] = compute_stats([str(tmp_path / "two")], target=7.0)
     out = s.to_json()
     ref = sps.ttest_1samp([6.5, 6.6], 7.0, alternative="less").pvalue
     assert out["p_value"] == pytest.approx(ref) and ref < 0.05
@@ -474,7 +475,7 @@ def test_too_few_runs_are_said_not_bare(tmp_path, capsys):
 ])
 def test_statistics_md_verdict_says_why_there_is_no_test(tmp_path, spec, verdict):
     make_runs(tmp_path / "v", spec)
-    [s] = stats_stage.compute_stats([str(tmp_path / "v")], target=7.0)
+    [s] = compute_stats([str(tmp_path / "v")], target=7.0)
     complete = [final for _, end, _, final, _ in spec if end == "complete"]
     if len(complete) == 3:   # the normal case: scipy agrees that it passes
         assert sps.ttest_1samp(complete, 7.0, alternative="less").pvalue < 0.01
@@ -488,7 +489,7 @@ def exact_sample_p(n, mean, std, target):
 
 def test_runs_needed_in_summary(tmp_path):
     make_runs(tmp_path / "g", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.90, 6.95, 6.85, 6.97])])
-    [s] = stats_stage.compute_stats([str(tmp_path / "g")], target=7.0, alpha=0.01)
+    [s] = compute_stats([str(tmp_path / "g")], target=7.0, alpha=0.01)
     out = s.to_json()
     mean, std = out["val_loss_mean"], out["val_loss_std"]
     expected = next(k for k in range(2, 1000) if exact_sample_p(k, mean, std, 7.0) < 0.01)
@@ -507,8 +508,8 @@ def test_runs_needed_ignores_run_order(runs, rnd):
     records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
     shuffled = records[:]
     rnd.shuffle(shuffled)
-    a = stats_stage.group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = stats_stage.group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
+    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
     assert (a["runs_needed"], a["runs_for_power"]) == (b["runs_needed"], b["runs_for_power"])
 
 
@@ -525,7 +526,7 @@ def test_yarn_code_versions_split_on_request():
 @needs_reference
 @pytest.mark.parametrize("directory, cells", published_rows(), ids=lambda x: x if isinstance(x, str) else "")
 def test_statistics_md_snippet_prints_the_test_line(directory, cells, capsys):
-    [s] = [s for s in stats_stage.compute_stats([str(REFERENCE / directory)]) if s.group.steps == int(cells[1])]
+    [s] = [s for s in compute_stats([str(REFERENCE / directory)]) if s.group.steps == int(cells[1])]
     md = statistics_markdown(s)
     code = md.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "statistics.md", "exec"), {})
@@ -566,9 +567,9 @@ def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys,
     [g] = collect_runs(["baseline"], only=only)        # the files of other paths are left alone
     assert len(g.runs) == 3
     with pytest.raises(SpeedrunError, match="--only candidate/seed0.txt: not a file of the paths given"):
-        stats_stage.compute_stats(["baseline"], only=only)
+        compute_stats(["baseline"], only=only)
     with pytest.raises(SpeedrunError, match="--only baseline/seed5.txt: no such file"):
-        stats_stage.compute_stats(["baseline"], only=["baseline/seed5.txt"])
+        compute_stats(["baseline"], only=["baseline/seed5.txt"])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -644,7 +645,7 @@ def test_files_named_one_by_one_are_grouped_by_their_folder_as_the_help_says(tmp
     files = sorted(map(str, (tmp_path / "a").glob("*.txt"))) + [str(tmp_path / "b" / "seed0.txt")]
     groups = collect_runs(files)
     assert [(g.name, len(g.runs)) for g in groups] == [(str(tmp_path / "a"), 3), (str(tmp_path / "b"), 1)]
-    a, b = stats_stage.compute_stats(files, 7.0)
+    a, b = compute_stats(files, 7.0)
     assert (a.val_loss.n, b.val_loss.n) == (3, 1)
     assert "3 complete runs, step 4/4." in statistics_markdown(a).splitlines()
     assert "1 complete run, step 4/4." in statistics_markdown(b).splitlines()      # not "1 complete runs"
@@ -667,8 +668,8 @@ def test_a_crlf_copy_of_a_public_log_keeps_its_code_version(tmp_path):
     shutil.copytree(source, tmp_path / "pko")
     first = sorted((tmp_path / "pko").glob("*.txt"))[0]
     first.write_bytes(first.read_bytes().replace(b"\n", b"\r\n"))
-    [original] = stats_stage.compute_stats([str(source)])
-    [crlf] = stats_stage.compute_stats([str(tmp_path / "pko")])
+    [original] = compute_stats([str(source)])
+    [crlf] = compute_stats([str(tmp_path / "pko")])
     assert crlf.group.code_versions == original.group.code_versions and len(original.group.code_versions) == 2
     assert sorted(original.group.code_versions.values()) == [1, 10]
     assert (crlf.val_loss.n, crlf.val_loss.mean, crlf.test.p_value) == \

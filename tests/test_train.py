@@ -20,9 +20,9 @@ from speedrun import cli
 from speedrun.analysis.logs import read_record
 from speedrun.data.shards import sha256_file
 from speedrun.errors import SpeedrunError
-from speedrun.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
-from speedrun.train import run_training
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.loop import run_training
+from speedrun.training.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
 from synthetic_data import counting_documents, write_dataset
 
 STEP_RE = re.compile(r"^step:(\d+)/(\d+) (train|val)_loss:(\S+) train_time:(\d+)ms step_avg:([0-9.]+)ms$")
@@ -85,7 +85,7 @@ def test_a_short_run_writes_the_documented_log_and_learns(synthetic, tmp_path):
     fields = dict(line.split(": ", 1) for line in header if not line.startswith("Running "))
     assert list(fields)[:4] == ["speedrun", "variant", "seed", "config"]
     assert fields["speedrun"] == "0.1.0" and fields["variant"] == "base" and fields["seed"] == "3"
-    assert cfg.dtype == "auto" and json.loads(fields["config"])["dtype"] == "float32"   # resolved for the CPU
+    assert cfg.compute.dtype == "auto" and json.loads(fields["config"])["dtype"] == "float32"   # resolved for the CPU
     assert fields["config"] == cfg.resolved_for("cpu").to_json()
     assert fields["config_sha256"] == hashlib.sha256(fields["config"].encode()).hexdigest()
     assert (fields["world_size"], fields["tokens_per_step"], fields["val_tokens"], fields["device"]) == \
@@ -141,7 +141,7 @@ def test_absurd_lr_diverges_with_exit_status_zero(synthetic, tmp_path, capsys):
 
 
 def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkeypatch):
-    import speedrun.train as train_module
+    import speedrun.training.loop as train_module
 
     shards, bos = synthetic
     real_step = train_module.train_step
@@ -184,7 +184,7 @@ def test_mismatched_world_size_and_too_little_data_fail_before_writing(synthetic
 
 
 def test_the_cut_documents_hint_by_hand():
-    from speedrun.planning import cut_documents_hint
+    from speedrun.training.data import cut_documents_hint
 
     # the H200 race of 2026-11-30: 4 copies of debian-docs' train shard fed 52 steps of 393,216 tokens
     hint = cut_documents_hint(52, 393_216, 56_316_000, 2048)
@@ -317,7 +317,7 @@ def test_a_short_run_on_the_gpu(synthetic, tmp_path):
 
 
 def test_warm_up_covers_every_stage_start():
-    from speedrun.train import warm_up_steps
+    from speedrun.training.loop import warm_up_steps
 
     cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "batch_schedule": [[256, 64], [512, 128]],
                                  "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
@@ -328,7 +328,7 @@ def test_warm_up_covers_every_stage_start():
 
 
 def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
-    from speedrun.train import validation_steps, warm_up_plan
+    from speedrun.training.loop import validation_steps, warm_up_plan
 
     settings = {**QUICK, "steps": 12, "val_every": 3,
                 "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True},
@@ -409,7 +409,7 @@ def test_a_compiled_run_warms_up_every_graph_and_matches_eager(synthetic, tmp_pa
 
 
 def test_compile_cache_points_inductor_and_triton_into_one_folder_unless_set(tmp_path):
-    from speedrun.train import use_compile_cache
+    from speedrun.training.compile_cache import use_compile_cache
 
     env = {}
     use_compile_cache(tmp_path / "cache", env)

@@ -1,8 +1,9 @@
-"""``speedrun train``'s settings (:mod:`speedrun.train_config`): building and validating a TrainConfig, the
+"""``speedrun train``'s settings (:mod:`speedrun.training.config`): building and validating a TrainConfig, the
 settings derived from it (batch stages, optimizer and schedule configs), and the ``--config`` argument."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,8 +13,8 @@ import torch
 import yaml
 
 from speedrun.errors import SpeedrunError
-from speedrun.planning import schema_error_message
-from speedrun.train_config import TrainConfig, load_config_argument, resolve_dtype
+from speedrun.training.config import TrainConfig, load_config_argument, resolve_dtype
+from speedrun.workflow.planning import schema_error_message
 from test_train import QUICK, SMALL
 
 WINDOWED = {**QUICK, "model": {**SMALL, "window_pattern": "SL", "tie_embed_head": True}}   # 6 steps, 2 layers
@@ -21,11 +22,11 @@ WINDOWED = {**QUICK, "model": {**SMALL, "window_pattern": "SL", "tie_embed_head"
 
 def test_train_config_from_dict_and_derived_settings():
     cfg = TrainConfig.from_dict({"steps": 10, "adam_betas": [0.9, 0.99], "model": {"n_layer": 2}})
-    assert cfg.steps == 10 and cfg.adam_betas == (0.9, 0.99)
+    assert cfg.steps == 10 and cfg.optimizer.adam_betas == (0.9, 0.99)
     assert cfg.micro_batch_tokens == 4096 // 4
     assert cfg.model_config().n_layer == 2
-    assert cfg.optim_config().adam_betas == (0.9, 0.99)
-    assert cfg.schedule_config().momentum_end == cfg.muon_momentum
+    assert cfg.optimizer.adam_betas == (0.9, 0.99)
+    assert cfg.schedule_config().momentum_end == cfg.optimizer.muon_momentum
     again = TrainConfig.from_dict(json.loads(cfg.to_json()))
     assert again.model_config() == cfg.model_config() and again.to_json() == cfg.to_json()
     assert "\n" not in cfg.to_json()
@@ -107,12 +108,12 @@ def test_rotary_tables_are_sized_to_the_largest_forward_pass():
 def test_schedule_settings_reach_the_schedule_config():
     cfg = TrainConfig.from_dict({"steps": 1270, "cooldown_frac": 0.6, "lr_floor": 0.15,
                                  "lr_stage_multipliers": [1.0, 1.52, 1.73], "momentum_cooldown_steps": 50})
-    assert cfg.lr_stage_multipliers == (1.0, 1.52, 1.73)
+    assert cfg.schedule.lr_stage_multipliers == (1.0, 1.52, 1.73)
     schedule = cfg.schedule_config()
     assert (schedule.steps, schedule.cooldown_frac, schedule.lr_floor) == (1270, 0.6, 0.15)
     assert (schedule.lr_stage_multipliers, schedule.momentum_cooldown_steps) == ((1.0, 1.52, 1.73), 50)
     again = TrainConfig.from_dict(json.loads(cfg.to_json()))
-    assert again.lr_stage_multipliers == (1.0, 1.52, 1.73) and again.to_json() == cfg.to_json()
+    assert again.schedule.lr_stage_multipliers == (1.0, 1.52, 1.73) and again.to_json() == cfg.to_json()
     default = TrainConfig().schedule_config()                  # off by default: existing configs unchanged
     assert (default.lr_stage_multipliers, default.momentum_cooldown_steps) == ((), 0)
 
@@ -134,7 +135,7 @@ def test_cuda_only_attention_backends_are_refused_on_a_cpu():
         TrainConfig.from_dict({"preset": "record28"})
     with pytest.raises(SpeedrunError, match="'varlen' trains on CUDA only"):
         TrainConfig.from_dict({"model": {"attention_backend": "varlen"}})
-    assert TrainConfig.from_dict({"preset": "gpt124m", "device": "cuda"}).device == "cuda"
+    assert TrainConfig.from_dict({"preset": "gpt124m", "device": "cuda"}).compute.device == "cuda"
     cpu = TrainConfig.from_dict({"preset": "gpt124m", "model": {"attention_backend": "sdpa_docs"}})
     assert cpu.model_config().attention_backend == "sdpa_docs"
 
@@ -167,7 +168,8 @@ def test_a_schema_error_is_one_line_naming_the_files_the_key_and_the_way_to_writ
               "a.yaml: stats.target: '4.6e0' is not of type 'number' (text, not a number: YAML reads 4.6e0 as "
               "a string; write it as 4.6)"),
              ({"train": {**config["train"], "preset": "gpt2"}},
-              "a.yaml: train.preset: 'gpt2' is not one of ['tiny', 'gpt124m', 'record28']"),
+              "a.yaml: train.preset: 'gpt2' is not one of ['tiny', 'gpt124m', 'record28', 'record88', "
+              "'record89']"),
              ({"zoom": 1}, "a.yaml: (the top level): Additional properties are not allowed ('zoom' was unexpected)")]
     for change, message in cases:
         with pytest.raises(jsonschema.ValidationError) as caught:
@@ -196,13 +198,14 @@ def test_dtype_auto_is_float32_on_a_cpu_and_bfloat16_on_cuda():
     """The default ``auto`` resolves by the device's type (a pure function: no GPU needed for a cuda device
     object); an explicit dtype is kept on either device; the resolved config is what the log header shows."""
     cfg = TrainConfig.from_dict(QUICK)
-    assert cfg.dtype == "auto"
-    assert cfg.resolved_for(torch.device("cpu")).dtype == "float32"
-    assert cfg.resolved_for(torch.device("cuda", 1)).dtype == "bfloat16"
+    assert cfg.compute.dtype == "auto"
+    assert cfg.resolved_for(torch.device("cpu")).compute.dtype == "float32"
+    assert cfg.resolved_for(torch.device("cuda", 1)).compute.dtype == "bfloat16"
     assert [resolve_dtype("auto", t) for t in ("cpu", "cuda")] == ["float32", "bfloat16"]
     for dtype in ("float32", "bfloat16"):
         explicit = TrainConfig.from_dict({**QUICK, "dtype": dtype})
-        assert {explicit.resolved_for(d).dtype for d in (torch.device("cpu"), torch.device("cuda", 0))} == {dtype}
+        devices = (torch.device("cpu"), torch.device("cuda", 0))
+        assert {explicit.resolved_for(d).compute.dtype for d in devices} == {dtype}
     assert json.loads(cfg.resolved_for("cpu").to_json())["dtype"] == "float32"
     with pytest.raises(SpeedrunError, match="train.dtype must be one of auto, float32, bfloat16; got 'fp16'"):
         TrainConfig.from_dict({**QUICK, "dtype": "fp16"})
@@ -217,7 +220,7 @@ def test_a_smoke_run_of_fewer_steps_than_window_stages_or_untie_step_is_accepted
     stage's)."""
     stages = [[1, 1], [1, 2], [2, 2], [2, 3]]
     short = TrainConfig.from_dict({**WINDOWED, "steps": 3, "window_schedule": stages, "untie_step": 3})
-    assert short.steps == 3 and len(short.window_schedule) == 4 and short.untie_step == 3
+    assert short.steps == 3 and len(short.schedule.window_schedule) == 4 and short.schedule.untie_step == 3
 
 
 def test_a_window_schedule_stage_with_short_longer_than_long_is_refused():
@@ -259,8 +262,8 @@ def test_a_model_short_window_longer_than_the_long_one_is_refused():
 
 
 def test_an_unknown_preset_names_the_key_preset():
-    with pytest.raises(SpeedrunError, match=r"^train\.preset must be one of tiny, gpt124m, record28; "
-                                            r"got 'tinny'$"):
+    with pytest.raises(SpeedrunError, match=r"^train\.preset must be one of tiny, gpt124m, record28, record88, "
+                                            r"record89; got 'tinny'$"):
         TrainConfig.from_dict({"preset": "tinny"})
 
 
@@ -274,3 +277,51 @@ def test_list_settings_are_quoted_as_written_not_as_python_tuples(settings, key,
     with pytest.raises(SpeedrunError) as caught:
         TrainConfig.from_dict(settings)
     assert str(caught.value).startswith(f"train.{key} must be ") and str(caught.value).endswith(f", got {value}")
+
+
+def test_the_schema_and_the_dataclasses_list_the_same_training_settings():
+    """One source of defaults: TrainConfig's sections default every setting; the workflow's schema documents
+    and checks the same keys (plus `nodes`, which places the processes), each with a description, none with a
+    default of its own."""
+    import yaml
+
+    from speedrun.training.config import SECTIONS
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "workflow" / "schemas" /
+                             "config.schema.yaml").read_text())
+    documented = schema["properties"]["train"]["properties"]
+    assert sorted(documented) == sorted([*TrainConfig.setting_names(), "nodes"])
+    assert [key for key, entry in documented.items() if "default" in entry] == []
+    assert [key for key, entry in documented.items() if not entry.get("description")] == []
+    sections = [f.name for f in dataclasses.fields(TrainConfig) if f.name in SECTIONS]
+    assert sections == ["optimizer", "schedule", "evaluation", "compute"]
+    flat = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS]
+    flat += [g.name for s in sections for g in dataclasses.fields(SECTIONS[s]) if g.name != "langevin_seed"]
+    assert sorted(flat) == sorted(TrainConfig.setting_names())            # no name in two places
+
+
+def test_every_field_of_the_settings_has_its_own_docstring():
+    """Each field of TrainConfig and of its sections is followed by its docstring (where it is declared)."""
+    import ast
+    import inspect
+
+    from speedrun.training.config import SECTIONS
+
+    for cls in [TrainConfig, *SECTIONS.values()]:
+        body = ast.parse(inspect.getsource(cls)).body[0].body
+        fields = [node.target.id for node in body if isinstance(node, ast.AnnAssign)]
+        documented = [node.target.id for node, after in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
+                      and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                      and isinstance(after.value.value, str)]
+        assert fields == documented == [f.name for f in dataclasses.fields(cls)], cls.__name__
+
+
+def test_the_flat_settings_round_trip_through_the_sections():
+    settings = {"muon_lr": 0.03, "val_every": 5, "compile_mode": "reduce-overhead", "cooldown_frac": 0.5,
+                "steps": 30}
+    cfg = TrainConfig.from_dict(settings)
+    assert (cfg.optimizer.muon_lr, cfg.evaluation.val_every, cfg.compute.compile_mode, cfg.schedule.cooldown_frac,
+            cfg.steps) == (0.03, 5, "reduce-overhead", 0.5, 30)
+    assert {k: cfg.settings()[k] for k in settings} == settings
+    assert TrainConfig.from_dict(cfg.settings()) == cfg
+    assert TrainConfig.setting_names()["muon_lr"] == "optimizer" and TrainConfig.setting_names()["steps"] is None

@@ -1,4 +1,4 @@
-"""`speedrun.train_data.load_training_data`: what training refuses to read, each case with its own message."""
+"""`speedrun.training.data.load_training_data`: what training refuses to read, each case with its own message."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from speedrun.bos_index import build_bos_index
 from speedrun.errors import SpeedrunError
-from speedrun.train_data import load_training_data
+from speedrun.training.data import load_training_data
 from test_bos_index import shards_dir  # noqa: F401  (a pytest fixture: toy shards of real GPT-2 tokens)
 
 

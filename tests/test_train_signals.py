@@ -20,8 +20,8 @@ import pytest
 import speedrun
 from speedrun import cli
 from speedrun.analysis.logs import read_record
-from speedrun.stopping import RunStopped, die_with_parent, stop_on_signals
-from speedrun.train import failure_line
+from speedrun.support.stopping import RunStopped, die_with_parent, stop_on_signals
+from speedrun.training.loop import failure_line
 from synthetic_data import counting_documents, write_dataset
 
 SRC = Path(speedrun.__file__).resolve().parents[1]              # the code under test, for the subprocesses

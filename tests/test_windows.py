@@ -11,7 +11,7 @@ from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.model.windows import check_window_pattern, layer_windows, window_tokens
 from speedrun.optim.schedules import stage_index, window_blocks
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 def test_layer_windows_by_hand():
@@ -85,7 +85,7 @@ def test_a_token_beyond_the_windows_receptive_field_changes_nothing(pattern, sho
 def test_train_settings_for_windows():
     cfg = TrainConfig.from_dict({"steps": 9, "model": {"window_pattern": "SLSL"},
                                  "window_schedule": [[1, 2], [2, 4], [3, 6]], "final_window_long_blocks": 8})
-    assert cfg.window_schedule == ((1, 2), (2, 4), (3, 6))
+    assert cfg.schedule.window_schedule == ((1, 2), (2, 4), (3, 6))
     assert [cfg.window_blocks_at(s) for s in (0, 2, 3, 6, 8, 9)] == [(1, 2), (1, 2), (2, 4), (3, 6), (3, 6),
                                                                      (3, 8)]
     only_final = TrainConfig.from_dict({"steps": 9, "model": {"window_pattern": "SLSL"},

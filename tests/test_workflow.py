@@ -215,6 +215,9 @@ def test_changing_report_options_reruns_only_the_report(workflow, micro_config):
         ("src/speedrun/model/gpt.py", {"train", "parse", "stats", "compare", "report"}, {"corpus", "tokenize", "bos_index"}),
         ("src/speedrun/analysis/logs.py", {"parse", "stats", "compare", "report"}, {"corpus", "tokenize", "bos_index", "train"}),
         ("src/speedrun/data/tokenizer.py", {"tokenize", "bos_index", "train"}, {"corpus"}),
+        # a stage module runs in its own stage only (the report read speedrun.stats, compare read it too)
+        ("src/speedrun/stats.py", {"stats", "report"}, {"compare", "train", "parse"}),
+        ("src/speedrun/compare.py", {"compare", "report"}, {"stats", "train", "parse"}),
     ],
 )
 def test_code_edit_reruns_the_stages_that_import_it(workflow, edited, reruns, never):
@@ -361,7 +364,8 @@ def test_a_run_folder_with_a_configfile_keeps_the_projects_config(tmp_path):
     workdir = copy_workflow(tmp_path / "project", cfg)
     (tmp_path / "my.yaml").write_text("stats: {alpha: 0.05}\ntrain: {steps: 6}\n")
     done = snakemake(tmp_path, "results/train/candidate/seed0.txt", "-n", "-p", "--cores", "2",
-                     "-s", str(workdir / "Snakefile"), "-d", "run", "--configfile", "my.yaml")
+                     "-s", str(workdir / "Snakefile"), "-d", "run", "--configfile", "my.yaml",
+                     PYTHONPATH=str(workdir / "src"))      # the copied package, not the one installed
     assert done.returncode == 0, done.stdout[-3000:]
     [job] = job_blocks(done.stdout, "train")
     settings = json.loads(job["shell"].split("--config '", 1)[1].split("'", 1)[0])

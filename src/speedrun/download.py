@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from speedrun.data.hub import RetryPolicy, list_remote_files, with_retries
 from speedrun.errors import SpeedrunError
-from speedrun.hub import RetryPolicy, list_remote_files, with_retries
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")

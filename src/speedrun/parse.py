@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from speedrun.analysis.logs import METRIC_COLUMNS, RunRecord, parse_log
-from speedrun.atomic import atomic_open, write_text
 from speedrun.errors import SpeedrunError
+from speedrun.support.atomic import atomic_open, write_text
 
 
 def write_metrics_csv(metrics: pd.DataFrame, f: Any) -> None:

@@ -30,12 +30,12 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from speedrun.analysis.group_stats import DEFAULT_ALPHA, check_alpha, check_target
 from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_loss, plot_p_value_by_n,
                                            plot_val_loss, plot_val_loss_band, val_loss_bands)
 from speedrun.analysis.report_tables import render_summary
-from speedrun.atomic import atomic_open, write_text
 from speedrun.errors import SpeedrunError
-from speedrun.stats import DEFAULT_ALPHA, check_alpha, check_target
+from speedrun.support.atomic import atomic_open, write_text
 
 __all__ = ["add_arguments", "main", "report_settings", "check_records", "check_baseline", "check_comparison",
            "load_runs", "read_record", "read_records", "read_summary", "read_comparison",
@@ -134,7 +134,7 @@ def report_settings(summary: Sequence[Mapping[str, Any]], path: Path, target: fl
 
     Raises:
         SpeedrunError: a given value disagrees with the summary's (naming both and the file), is out of range
-            (:func:`speedrun.stats.check_target`/``check_alpha``), or no target is given or recorded.
+            (:func:`speedrun.analysis.group_stats.check_target`/``check_alpha``), or no target is given or recorded.
     """
     chosen = []
     for key, given, default in (("target", target, None), ("alpha", alpha, DEFAULT_ALPHA)):

@@ -18,10 +18,10 @@ Three ways in, one way out (a shard folder written as a whole, atomically):
   (:mod:`speedrun.data.pretokenized`).
 
 A failed write (a full disk) raises :class:`SpeedrunError` naming the output; nothing half written remains.
-SIGINT (Ctrl-C) or SIGTERM stops the command as it stops a training run (:mod:`speedrun.stopping`): one line
+SIGINT (Ctrl-C) or SIGTERM stops the command as it stops a training run (:mod:`speedrun.support.stopping`): one line
 on stderr (``speedrun tokenize: interrupted by SIGINT``, ``... terminated by SIGTERM``), exit status 130 or
 143, no traceback (the encoding workers leave the signal to this process, :mod:`speedrun.data.encode`), and no
-``.tmp-*`` file or folder left (the outputs are written through :mod:`speedrun.atomic` and
+``.tmp-*`` file or folder left (the outputs are written through :mod:`speedrun.support.atomic` and
 :func:`~speedrun.data.dataset.atomic_directory`, which remove them on any exception).
 """
 
@@ -37,7 +37,6 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from speedrun.atomic import atomic_path, write_json
 from speedrun.data.dataset import MANIFEST, SHARDS, atomic_directory
 from speedrun.data.documents import iter_text_batches
 from speedrun.data.encode import EncoderPool
@@ -54,7 +53,8 @@ from speedrun.data.shards import (
     write_shard,
 )
 from speedrun.errors import SpeedrunError
-from speedrun.stopping import run_until_stopped
+from speedrun.support.atomic import atomic_path, write_json
+from speedrun.support.stopping import run_until_stopped
 
 TOKENIZER = "gpt2 (tiktoken, encode_ordinary, BOS 50256)"
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -316,7 +316,7 @@ def _capped_threads(threads: int) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    """``speedrun tokenize``: 0 when written; 130 or 143 (:attr:`~speedrun.stopping.RunStopped.exit_status`)
+    """``speedrun tokenize``: 0 when written; 130 or 143 (:attr:`~speedrun.support.stopping.RunStopped.exit_status`)
     when SIGINT or SIGTERM stopped it, with one line on stderr and nothing half written left (module
     docstring). Raises :class:`SpeedrunError` (``speedrun tokenize: error: ...``, status 2) for a bad argument
     or input."""

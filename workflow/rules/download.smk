@@ -3,7 +3,7 @@
 # under its output name (`speedrun download` stages and checks the file before renaming it).
 # Cap parallel downloads with `--resources hub_downloads=N`; nothing here runs at planning time on the network.
 # No Snakemake `retries`: `speedrun download` retries transient failures itself (429, 408, 5xx, connection
-# errors, with backoff: speedrun.hub.with_retries), so a job that fails failed for good (a missing file, a
+# errors, with backoff: speedrun.data.hub.with_retries), so a job that fails failed for good (a missing file, a
 # gated repository, a hash mismatch) and is not run twice more.
 # A file lies at results/download/<owner>--<name>/<revision, percent-encoded>/<path in repo> (download_path), so
 # a config naming another revision of the same repository downloads beside, never over, the files of the first.

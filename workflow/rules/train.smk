@@ -3,8 +3,9 @@
 # on several Slurm nodes one torchrun per node with c10d rendezvous. Training arguments must never be
 # abbreviations of torchrun options (torchrun reads `--log` as its --log-dir): hence `--out`.
 # Runs start seed by seed, the variants alternating (priority), so that drift hits every variant alike.
-# Each process first checks that its node shows the GPUs config.yaml `cluster` asks for (speedrun.preflight);
-# those settings are not params: a run on other GPUs of the same kind is not a new run.
+# Each process first checks that its node shows the GPUs config.yaml `cluster` asks for
+# (speedrun.training.preflight); those settings are not params: a run on other GPUs of the same kind is not a new
+# run.
 
 
 rule train:
@@ -16,17 +17,17 @@ rule train:
         code=code("speedrun.train"),
     params:
         config=get_train_config_json,
-        world_size=get_world_size,
-        device=get_train_device,
-    threads: get_train_threads
+        world_size=lambda w: get_placement(w).world_size,
+        device=lambda w: get_placement(w).device,
+    threads: lambda w: get_placement(w).procs_per_node
     priority: get_train_priority
     resources:
-        gpu=get_train_gpus,
-        nodes=get_train_nodes,
-        gres=get_train_gres,
-        mpi=get_train_mpi,
-        tasks=get_train_tasks,
-        tasks_per_gpu=get_train_tasks_per_gpu,
+        gpu=lambda w: get_placement(w).gpus,
+        nodes=lambda w: get_placement(w).nodes,
+        gres=lambda w: get_placement(w).gres,
+        mpi=lambda w: get_placement(w).mpi,
+        tasks=lambda w: get_placement(w).tasks,
+        tasks_per_gpu=lambda w: get_placement(w).tasks_per_gpu,
     log:
         "logs/train/{variant}/seed{seed}.log",
     shell:

@@ -18,8 +18,8 @@ from speedrun.analysis.snippets import one_sample_snippet, welch_snippet
 from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, p_cell, runs_needed_cell, status_counts, test_line
 
 if TYPE_CHECKING:
-    from speedrun.compare import Comparison
-    from speedrun.stats import GroupStats
+    from speedrun.analysis.comparison import Comparison
+    from speedrun.analysis.group_stats import GroupStats
 
 
 def results_rows(base: "GroupStats", cand: "GroupStats", c: "Comparison",

@@ -16,9 +16,9 @@ from speedrun.analysis.tables import DASH, fmt, fmt_p, md_table, not_counted, st
 from speedrun.analysis.tests import WelchTest, ZRule
 
 if TYPE_CHECKING:
+    from speedrun.analysis.comparison import Comparison
     from speedrun.analysis.groups import Group
     from speedrun.analysis.logs import RunRecord
-    from speedrun.compare import Comparison
 
 STATUS_MARK = {"ok": "ok", "violation": "**VIOLATION**", "note": "note", "unknown": "unknown"}
 

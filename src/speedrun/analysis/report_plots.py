@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from speedrun.atomic import atomic_path
+from speedrun.support.atomic import atomic_path
 
 
 def _pyplot() -> Any:

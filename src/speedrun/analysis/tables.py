@@ -16,8 +16,8 @@ from speedrun.analysis.groups import Group, run_label
 from speedrun.analysis.snippets import one_sample_snippet
 
 if TYPE_CHECKING:
+    from speedrun.analysis.group_stats import GroupStats
     from speedrun.analysis.logs import RunRecord
-    from speedrun.stats import GroupStats
 
 DASH = "–"
 

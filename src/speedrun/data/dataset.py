@@ -7,7 +7,7 @@ built in a temporary directory beside the target, then renamed (:func:`atomic_di
 directory under its final name is always complete. As writing replaces the whole directory, an output
 directory is first checked (:func:`check_output_directory`): it must lie apart from the inputs and be
 absent, empty, or a previous output of the same stage. Training opens them with
-:func:`speedrun.train_data.load_training_data`.
+:func:`speedrun.training.data.load_training_data`.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ batches are in flight, so memory stays bounded however large the input.
 
 Stopping: the workers ignore SIGINT and SIGTERM, so a Ctrl-C (SIGINT to the whole process group) or a SIGTERM
 to every process of a job (Slurm's ``scancel``, a container's stop) leaves them to the parent, whose handler
-(:func:`speedrun.stopping.stop_on_signals` in ``speedrun tokenize``) stops the run with one line and no worker
+(:func:`speedrun.support.stopping.stop_on_signals` in ``speedrun tokenize``) stops the run with one line and no worker
 traceback. Leaving the pool (``__exit__``, on success, error or stop) closes it: the workers finish the at most
 ``2 x workers`` batches in flight and exit, so none is killed while it holds the pool's task-queue lock (the
 deadlock of ``Pool.terminate`` after a worker died holding it). The two signals are blocked while the workers
 start, so none lands between a fork and the worker's own handlers. On Linux a worker dies with its parent
-(``prctl(PR_SET_PDEATHSIG, SIGKILL)``, as :func:`speedrun.stopping.die_with_parent` for a training run), so a
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``, as :func:`speedrun.support.stopping.die_with_parent` for a training run), so a
 forced stop (a second Ctrl-C, SIGKILL) leaves no orphan waiting for work; elsewhere such workers may remain.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from speedrun.data.shards import BOS_ID
 from speedrun.data.tokenizer import gpt2_encoding
-from speedrun.stopping import request_parent_death_signal
+from speedrun.support.stopping import request_parent_death_signal
 
 _BOS = np.array([BOS_ID], dtype=np.uint32)
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -77,7 +77,7 @@ def _stop_signals_blocked() -> Iterator[None]:
 
 def _die_with_parent(parent: int) -> None:
     """Linux: have the kernel SIGKILL this process when the thread that forked it ends
-    (:func:`speedrun.stopping.request_parent_death_signal`); a parent that ended before the request (the parent
+    (:func:`speedrun.support.stopping.request_parent_death_signal`); a parent that ended before the request (the parent
     pid is no longer ``parent``) ends this process now. Elsewhere, or without a usable prctl, nothing."""
     if request_parent_death_signal(signal.SIGKILL) is None and os.getppid() != parent:
         os._exit(1)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.atomic import atomic_path
 from speedrun.errors import SpeedrunError
+from speedrun.support.atomic import atomic_path
 
 MAGIC = 20240520
 VERSION = 1

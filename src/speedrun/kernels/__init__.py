@@ -1,10 +1,13 @@
 """Triton kernels for CUDA GPUs, each next to a pure-PyTorch reference elsewhere in the package.
 
-``relu_square_mlp``: the fused ReLU² MLP (records #59, #87; reference :class:`speedrun.model.mlp.MLP`).
+``relu_square_mlp``: the fused ReLU² MLP (records #59, #87; reference :class:`speedrun.model.mlp.MLP`), and
+its FP8 forward (records #84, #89; reference :func:`speedrun.model.fp8_mlp.fp8_mlp_reference`).
 ``softcapped_cross_entropy``: loss and logit gradient in one pass (records #60, #75, #79; reference
 :func:`speedrun.model.loss.softcapped_cross_entropy` off CUDA).
 ``qk_norm_rotary``: QK-norm and RoPE of q and k in one kernel (reference: ``rms_norm`` then
 :func:`speedrun.model.rotary.apply_rotary`; switch ``model.rotary_kernel``).
+``dc_attention``: lightweight DC attention's correction, forward and backward (record #85; reference and
+interface :func:`speedrun.model.dc.dc_attention`).
 
 Importing this package imports nothing (no Triton, no CUDA); import the kernel module you need, which needs
 the ``triton`` package, or ask :func:`optional_kernel` for one of its functions.

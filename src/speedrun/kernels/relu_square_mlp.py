@@ -13,6 +13,15 @@ Shape legend: T tokens, C model_dim, F hidden width (4·C).
   the only activation kept for the backward pass. Then ``g_W2 = g_outᵀ post``, ``g_W1 = g_preᵀ x`` and
   ``g_x = g_pre W1`` with torch.
 
+* FP8 (``relu_square_mlp_fp8``, records #84, #89; the scales are :mod:`speedrun.model.fp8_mlp`'s): the
+  forward product takes e4m3 x and W1 (fp32 accumulation, then the dequantization scale) and its epilogue
+  writes post twice, in bf16 for the backward and in e4m3 divided by the layer's delayed scale (saturating
+  at 448) for the down projection, which runs in ``torch._scaled_mm``; each tile also writes its max of
+  post, so the next scale costs no extra pass over post. The backward is the bf16 one above.
+  Why the up projection is a Triton FP8 product rather than ``_scaled_mm`` and a separate ReLU² +
+  quantize kernel: the epilogue then reads nothing, whereas the split would write and read ``pre`` (T, F)
+  in bf16 once more (about 0.6 GB at T=49152).
+
 Both Triton products are (T, C) x (C, F) -> (T, F) with fp32 accumulation, tiles of 128-256 x 128-256 x 64
 grouped by 8 tile rows for L2 reuse (Triton's matmul tutorial), a handful of autotune configs for Hopper
 (H200; T=49152, C=768, F=3072). The inputs may have any strides; rows and columns of a partial tile wrap
@@ -44,6 +53,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from speedrun.kernels import require
+from speedrun.model.fp8 import E4M3, quantize, scaled_mm
 
 # Measured on an H200 at T=49152, C=768, F=3072 (bf16, 2026-11-29; cuBLAS does either product in 0.36 ms):
 # the forward product takes 0.47 ms with 256x128 tiles, 8 warps, 4 stages; the backward 0.49 ms with 128x128
@@ -54,8 +64,17 @@ _CONFIGS = [
     triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
 ]
+# The FP8 up projection (record #84): e4m3 operands, twice the bytes per K step of bf16's tiles at BLOCK_K 128.
+# The amax partials are one per program: at most cdiv(M, 128) * cdiv(N, 128) (every tile is at least 128x128).
+_FP8_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
+]
+_MIN_TILE = 128
 # K is a multiple of every config's BLOCK_K exactly when it is a multiple of this: then no K mask is needed.
-_K_QUANTUM = math.lcm(*(config.kwargs["BLOCK_K"] for config in _CONFIGS))
+_K_QUANTUM = math.lcm(*(config.kwargs["BLOCK_K"] for config in _CONFIGS + _FP8_CONFIGS))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -141,6 +160,25 @@ def _relu_square_grad_kernel(g_ptr, w_ptr, post_ptr, g_pre_ptr, M, N, K,
     tl.store(g_pre_ptr + out_offsets, g_pre.to(g_pre_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.autotune(configs=_FP8_CONFIGS, key=["M", "N", "K"])
+@triton.jit
+def _relu_square_fp8_kernel(x_ptr, w_ptr, dequant_ptr, post_scale_ptr, post_ptr, post8_ptr, amax_ptr, M, N, K,
+                            stride_xm, stride_xk, stride_wk, stride_wn, stride_pm, stride_pn,
+                            EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """From e4m3 X (M, K) and W (K, N): post = relu(dequant · X W)² (M, N) in post's 16-bit dtype, post8 =
+    min(post / post_scale, 448) (M, N) e4m3, and this program's max of post into amax[program]."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = _matmul_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, pid_m, pid_n,
+                       EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    relu = tl.maximum(acc * tl.load(dequant_ptr), 0.0)
+    post = relu * relu                                                    # fp32
+    offsets, mask = _tile_offsets(pid_m, pid_n, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
+    tl.store(post_ptr + offsets, post.to(post_ptr.dtype.element_ty), mask=mask)
+    post8 = tl.minimum(post * (1.0 / tl.load(post_scale_ptr)), 448.0)
+    tl.store(post8_ptr + offsets, post8.to(post8_ptr.dtype.element_ty), mask=mask)
+    tl.store(amax_ptr + tl.program_id(0), tl.max(tl.max(tl.where(mask, post, 0.0), axis=1), axis=0))
+
 
 def _check_operands(name: str, *tensors: torch.Tensor) -> None:
     first = tensors[0]
@@ -200,6 +238,48 @@ def relu_square_grad(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) 
     return g_pre
 
 
+@triton_op("speedrun::relu_square_matmul_fp8", mutates_args={})
+def relu_square_matmul_fp8(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: torch.Tensor,
+                           post_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FP8 up projection with the ReLU² epilogue (records #84, #89): x8 (T, C) and w1_8 (F, C) e4m3,
+    ``dequant_scale`` () fp32 = x's scale · W1's scale, ``post_scale`` () fp32 the delayed scale of post
+    -> ``(post, post8, partial_amax)``: post = relu(dequant_scale · x8 w1_8ᵀ)² (T, F) bf16 (for the bf16
+    backward), post8 = min(post / post_scale, 448) (T, F) e4m3 (the down projection's operand; values past
+    the delayed scale's range saturate) and partial_amax (P,) fp32 (P >= 1), the max of post over each
+    tile (zeros past the tiles launched): max(partial_amax) = max(post). Products accumulate in fp32;
+    post8 is rounded from the fp32 post, not from its bf16 copy.
+
+    Raises :class:`SpeedrunError` on shapes that do not chain, operands not e4m3, scales not () fp32, mixed
+    devices.
+    """
+    _check_fp8_operands(x8, w1_8, dequant_scale, post_scale)
+    (M, K), N = x8.shape, w1_8.size(0)
+    post = torch.empty((M, N), dtype=torch.bfloat16, device=x8.device)
+    post8 = torch.empty((M, N), dtype=E4M3, device=x8.device)
+    partial_amax = torch.zeros(max(1, triton.cdiv(M, _MIN_TILE) * triton.cdiv(N, _MIN_TILE)),
+                               dtype=torch.float32, device=x8.device)
+    if post.numel() == 0:
+        return post, post8, partial_amax
+    wrap_triton(_relu_square_fp8_kernel)[_grid(M, N)](
+        x8, w1_8, dequant_scale, post_scale, post, post8, partial_amax, M, N, K,
+        x8.stride(0), x8.stride(1), w1_8.stride(1), w1_8.stride(0), post.stride(0), post.stride(1),
+        EVEN_K=K % _K_QUANTUM == 0)
+    return post, post8, partial_amax
+
+
+def _check_fp8_operands(x8, w1_8, dequant_scale, post_scale) -> None:
+    name = "relu_square_matmul_fp8"
+    require(x8.dim() == 2 and w1_8.dim() == 2 and x8.size(1) == w1_8.size(1),
+           f"{name}: x8 {tuple(x8.shape)} (T, C) and w1_8 {tuple(w1_8.shape)} (F, C) do not chain")
+    require(x8.dtype == E4M3 and w1_8.dtype == E4M3,
+           f"{name}: x8 and w1_8 must be float8_e4m3fn, got {x8.dtype} and {w1_8.dtype}")
+    require(all(s.shape == () and s.dtype == torch.float32 for s in (dequant_scale, post_scale)),
+           f"{name}: the scales must be () float32 tensors, got {tuple(dequant_scale.shape)} "
+           f"{dequant_scale.dtype} and {tuple(post_scale.shape)} {post_scale.dtype}")
+    devices = {t.device for t in (x8, w1_8, dequant_scale, post_scale)}
+    require(len(devices) == 1, f"{name}: operands must be on one device, got {sorted(map(str, devices))}")
+
+
 class _ReluSquareMLP(torch.autograd.Function):
     """Autograd of ``relu(x W1ᵀ)² W2ᵀ`` for 2-D x, saving only x, the weights and ``post``."""
 
@@ -234,3 +314,64 @@ def relu_square_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torc
            f"{tuple(w2.shape)} (C, F) do not chain")
     out = _ReluSquareMLP.apply(x.reshape(-1, x.size(-1)), w1, w2)
     return out.reshape(*x.shape[:-1], w2.size(0))
+
+
+FP8Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class _ReluSquareMLPFP8(torch.autograd.Function):
+    """FP8 forward of ``relu(x W1ᵀ)² W2ᵀ`` (records #84, #89), bf16 backward from x, post and the weights'
+    bf16 copies; returns (out, amax of post), the amax not differentiable."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale, down_fp8=True):
+        x8, x_scale = quantize(x)                                           # (T, C) e4m3, amax / 448
+        post, post8, partial_amax = relu_square_matmul_fp8(x8, w1_8, x_scale * w1_scale, post_scale)
+        if down_fp8:
+            out = scaled_mm(post8, post_scale, w2_8, w2_scale)              # (T, C) bf16
+        else:                                                   # records #84-#88: the down product in bf16
+            out = torch.mm(post, w2_back.t())                               # (T, C) bf16
+        amax = partial_amax.amax()
+        ctx.mark_non_differentiable(amax)
+        ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
+        ctx.save_for_backward(x.to(torch.bfloat16), w1_back, w2_back, post)
+        return out, amax
+
+    @staticmethod
+    def backward(ctx, g_out, _g_amax):
+        x, w1, w2, post = ctx.saved_tensors                     # bf16: (T, C), (F, C), (C, F), (T, F)
+        x_dtype, w1_dtype, w2_dtype = ctx.dtypes
+        g_out = g_out.to(torch.bfloat16)
+        g_pre = relu_square_grad(g_out, w2, post)                                         # (T, F)
+        g_x = torch.mm(g_pre, w1).to(x_dtype) if ctx.needs_input_grad[0] else None          # (T, C)
+        g_w1 = torch.mm(g_pre.t(), x).to(w1_dtype) if ctx.needs_input_grad[1] else None     # (F, C)
+        g_w2 = torch.mm(g_out.t(), post).to(w2_dtype) if ctx.needs_input_grad[2] else None  # (C, F)
+        return g_x, g_w1, g_w2, None, None, None, None, None, None, None, None
+
+
+def relu_square_mlp_fp8(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_fp8: FP8Operands,
+                        w2_fp8: FP8Operands, post_scale: torch.Tensor,
+                        down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``relu(x W1ᵀ)² W2ᵀ`` with both products in FP8 and a bf16 backward (records #84, #89); the
+    reference, the same quantization in plain PyTorch, is :func:`speedrun.model.fp8_mlp.fp8_mlp_reference`.
+
+    x (..., C) float (bf16 in training), quantized per tensor with amax/448 at every call; w1 (F, C) and
+    w2 (C, F) the parameters (only their gradients and dtypes are used); ``w1_fp8`` = (w1 (F, C) e4m3, its
+    scale () fp32, w1 (F, C) bf16) and ``w2_fp8`` = (w2 (C, F) e4m3, scale, w2 (C, F) bf16), the FP8 weight
+    caches' operands (:class:`speedrun.model.fp8.FP8WeightCache`); ``post_scale`` () fp32, the delayed scale
+    of post = relu(pre)² (speedrun.model.fp8_mlp). The up projection runs in the Triton kernel
+    (:func:`relu_square_matmul_fp8`, e4m3 tensor-core products, fp32 accumulation), which writes post in
+    bf16 for the backward and in e4m3 for the down projection ``torch._scaled_mm(post8, w2_8ᵀ)`` (row-major
+    post8, column-major w2_8ᵀ of the row-major (C, F) cache: the layout cuBLAS accepts on Hopper, fast
+    accumulation). With ``down_fp8`` False (records #84-#88) the down product is ``post W2ᵀ`` in bf16 from
+    the bf16 ``w2_fp8[2]``. Backward as :func:`relu_square_mlp` in bf16 from x, post and the bf16 weights.
+
+    Returns (out (..., C) bf16, amax () fp32 = max(post)): the caller derives the next post_scale from it.
+    On CUDA, C and F must be multiples of 16. Raises :class:`SpeedrunError` as :func:`relu_square_matmul_fp8`.
+    """
+    require(x.size(-1) == w1.size(1) and w2.shape == w1.shape[::-1],
+           f"relu_square_mlp_fp8: x {tuple(x.shape)} (..., C), w1 {tuple(w1.shape)} (F, C) and w2 "
+           f"{tuple(w2.shape)} (C, F) do not chain")
+    out, amax = _ReluSquareMLPFP8.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale,
+                                        down_fp8)
+    return out.reshape(*x.shape[:-1], w2.size(0)), amax

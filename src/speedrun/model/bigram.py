@@ -71,15 +71,16 @@ class BigramEmbedding(nn.Module):
     """The bigram hash embedding and its per-layer gates. ``forward(inputs)`` (T,) int -> (T, C).
 
     Parameters: ``table`` (V_b, C) zero-initialized (an ``embed``-kind Adam parameter, spec 3.3); ``gates``
-    (n_layer,) from 0.05 (``scalar`` kind). Buffer (not a parameter): ``signs`` (8192, C) ±1 with
+    (n_layer,) from 0.05 (``scalar`` kind; None with ``gates`` False, when HEAD's MUDD gates give them, record
+    #85). Buffer (not a parameter): ``signs`` (8192, C) ±1 with
     ``sign_trick``, built from :data:`SIGN_TABLE_SEED` and not saved in checkpoints.
     """
 
-    def __init__(self, bigram_vocab_size: int, model_dim: int, n_layer: int, sign_trick: bool):
+    def __init__(self, bigram_vocab_size: int, model_dim: int, n_layer: int, sign_trick: bool, gates: bool = True):
         super().__init__()
         self.bigram_vocab_size = bigram_vocab_size
         self.table = nn.Parameter(torch.zeros(bigram_vocab_size, model_dim))
-        self.gates = nn.Parameter(torch.full((n_layer,), BIGRAM_GATE_INIT))
+        self.gates = nn.Parameter(torch.full((n_layer,), BIGRAM_GATE_INIT)) if gates else None
         self.sign_trick = sign_trick
         if sign_trick:
             self.register_buffer("signs", sign_table(SIGN_TABLE_ROWS, model_dim), persistent=False)

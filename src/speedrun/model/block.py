@@ -13,7 +13,9 @@ Shape legend: T tokens, C model_dim, H n_head, Dh head_dim, R rotated pairs of R
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
 from speedrun.model.paired import paired_attention
 from speedrun.model.rotary import apply_rotary
+from speedrun.model.xsa import xsa
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,16 @@ class CausalSelfAttention(nn.Module):
     Partial key offset (record #49): with ``config.key_offset`` on a long-window (``L``) layer that is not
     paired (attribute ``key_offset`` True), the keys' stationary dims move one position forward after
     QK-norm and RoPE, on the PyTorch and the fused-kernel path alike (:func:`offset_keys`).
+
+    Records #47-#89 (speedrun-spec.md 2.3), after the attention kernel and before the output gate, in this
+    order: on a layer of ``config.dc_layers``, lightweight DC (record #85) adds
+    :func:`speedrun.model.dc.dc_attention`'s correction, read from the q, k, v the kernel saw, with the
+    per-token weights ``dc_weights`` of the call; on a layer of ``config.xsa_layers``, XSA (records #82, #86,
+    :func:`speedrun.model.xsa.xsa`) with the strengths ``xsa_alpha`` of the call (per token, from the MUDD
+    gates) or else the parameter ``xsa_alpha`` (H,) from 0. A ``gate`` (T, H) of the call replaces the
+    sigmoid output gate by a linear one (HEAD's MUDD gates, record #85). With ``config.sa_lambdas`` (record
+    #47) the parameter ``sa_lambdas`` (2,) from (0.5, 1.0) multiplies the q/k/v product and the output
+    projection (the record pre-multiplies the weights: the same products).
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
@@ -96,20 +109,37 @@ class CausalSelfAttention(nn.Module):
         for linear in (self.q, self.k, self.v):
             init_input_(linear.weight)
         init_output_(self.o.weight)
-        self.gate = AttentionGate(config.n_head) if layer in config.attention_gate_layers else None
+        self.gate = (AttentionGate(config.n_head)              # HEAD's MUDD gates (record #85) come with the call
+                     if layer in config.attention_gate_layers and not config.mudd_gates else None)
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if config.value_lambdas else None
+        mudd_layer = config.mudd and layer == config.mudd_layer           # MUDD gates its value embedding
         self.ve_gate = (ValueEmbedGate(config.n_head)
-                        if config.value_embed_gates and layer in config.value_embed_layers else None)
+                        if config.value_embed_gates and layer in config.value_embed_layers and not mudd_layer
+                        else None)
         self.rotary_kernel = config.rotary_kernel
         self._qk_norm_rotary = (optional_kernel("qk_norm_rotary", "qk_norm_rotary")
                                 if config.rotary_kernel == "triton" else None)
+        self.sa_lambdas = nn.Parameter(torch.tensor([0.5, 1.0])) if config.sa_lambdas else None
+        self.xsa = layer in config.xsa_layers
+        self.xsa_form = config.xsa_form
+        self.xsa_alpha = (nn.Parameter(torch.zeros(config.n_head))
+                          if self.xsa and not config.mudd_gates else None)                   # record #82
+        self.dc_window = config.dc_window
+        self.dc = dc_function() if layer in config.dc_layers else None                      # record #85
 
     def forward(self, x: torch.Tensor, context: AttentionContext, window: int | torch.Tensor | None = None,
-                value_embed: torch.Tensor | None = None) -> torch.Tensor:
+                value_embed: torch.Tensor | None = None, *, xsa_alpha: torch.Tensor | None = None,
+                gate: torch.Tensor | None = None,
+                dc_weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x: (T, C); context: the shared tables of this forward pass; window in tokens (in positions of the
         doubled sequence on a paired layer) or None; value_embed: None or (T, H*Dh) mixed into v
-        (:meth:`mix_values`, gated with ``ve_gate``). Returns (T, C)."""
-        q, k, v = self._qkv(x).view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)  # (T, H, Dh) each
+        (:meth:`mix_values`, gated with ``ve_gate``). Keyword-only, from HEAD's MUDD gates: xsa_alpha (T, H)
+        XSA strengths (on an XSA layer), gate (T, H) a linear output gate, dc_weights (w1, w2) (T, H) each
+        (on a DC layer, ``ValueError`` without them). Returns (T, C)."""
+        qkv = self._qkv(x)
+        if self.sa_lambdas is not None:
+            qkv = self.sa_lambdas[0].type_as(qkv) * qkv
+        q, k, v = qkv.view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)            # (T, H, Dh) each
         v = self.mix_values(v, value_embed, x)
         if self.paired:
             q, k = rms_norm(q), rms_norm(k)
@@ -120,9 +150,30 @@ class CausalSelfAttention(nn.Module):
             if self.key_offset:                                 # a per-layer constant: no graph break
                 k = offset_keys(k, 2 * context.cos.size(-1))     # dims 2R.. are the ones RoPE leaves put
             y = attention(q, k, v, context.docs, context.scale, window, backend=self.backend)  # v's dtype
-        if self.gate is not None:
+            y = self._after_kernel(y, q, k, v, context, xsa_alpha, dc_weights)
+        if gate is not None:
+            y = y * gate.type_as(y).unsqueeze(-1)                                        # (T, H, 1)
+        elif self.gate is not None:
             y = y * self.gate(x).type_as(y)
-        return self.o(y.reshape(x.size(0), -1))                                         # (T, C)
+        out = self.o(y.reshape(x.size(0), -1))                                          # (T, C)
+        return out if self.sa_lambdas is None else self.sa_lambdas[1].type_as(out) * out
+
+    def _after_kernel(self, y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      context: AttentionContext, xsa_alpha: torch.Tensor | None,
+                      dc_weights: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """DC then XSA on a non-paired layer's output y (T, H, Dh), from the q, k, v (T, H, Dh) the kernel
+        read (switched per layer; see the class docstring)."""
+        if self.dc is not None:
+            if dc_weights is None:
+                raise ValueError("a DC layer needs its per-token weights (w1, w2) from the MUDD gates")
+            w1, w2 = dc_weights
+            y = self.dc(y, q, k, v, w1, w2, context.docs.cu_seqlens, context.scale, window=self.dc_window)
+        if self.xsa:
+            alpha = xsa_alpha if xsa_alpha is not None else self.xsa_alpha
+            if alpha is None:
+                raise ValueError("an XSA layer under MUDD gates needs its per-token strengths")
+            y = xsa(y, v, alpha, self.xsa_form)
+        return y
 
     def mix_values(self, v: torch.Tensor, value_embed: torch.Tensor | None,
                    x: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,6 +262,18 @@ class Block(nn.Module):
         if bigram is not None:
             x = x + bigram.type_as(x)
         return x + self.mlp(rms_norm(x))
+
+
+def dc_function() -> Callable[..., Any]:
+    """:func:`speedrun.model.dc.dc_attention` (lightweight DC, record #85), imported when a DC layer is built;
+    :class:`SpeedrunError` when that module is missing."""
+    try:
+        return importlib.import_module("speedrun.model.dc").dc_attention
+    except ModuleNotFoundError as e:
+        if e.name != "speedrun.model.dc":
+            raise
+        raise SpeedrunError("model.dc_layers need speedrun.model.dc (lightweight DC attention), which is not "
+                            "installed") from None
 
 
 def offset_keys(k: torch.Tensor, start: int) -> torch.Tensor:

@@ -8,7 +8,9 @@ whose ``gpt124m`` value is the record's: sliding windows in 128-token blocks, lo
 shifted-sigmoid softcap (#54), the bigram hash embedding with the sign trick (#62, #83), the gated 3->6 skip
 (#45, #55), the value-embedding gates (#55, #70), the attention output gate (#28), paired-head attention
 (#58), FP8 head (#19) and QKV/O projections (2026-06-11), the partial key offset (#49) and backout (#40).
-The ``record28`` preset is the 2025-08-23 SparseAttnGate record. Modes are ``Literal`` types.
+The ``record28`` preset is the 2025-08-23 SparseAttnGate record; ``record88`` record #88's architecture (the
+per-sublayer residual form, MUDD #81, XSA #82) and ``record89`` HEAD's (with the MUDD gates and DC, #85, #86).
+Modes are ``Literal`` types.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen", "
 CrossEntropyImpl = Literal["full", "chunked", "fused"]
 SoftcapKind = Literal["tanh", "shifted_sigmoid"]
 SkipMode = Literal["none", "unet", "gated"]
+ResidualForm = Literal["block", "sublayer"]
+XsaForm = Literal["normalized", "projection"]
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
@@ -34,6 +38,8 @@ RotaryKernel = Literal["torch", "triton"]
 ROTARY_KERNELS: tuple[str, ...] = get_args(RotaryKernel)
 ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
+RESIDUAL_FORMS: tuple[str, ...] = get_args(ResidualForm)
+XSA_FORMS: tuple[str, ...] = get_args(XsaForm)
 GATE_CHANNELS = 12
 VE_GATE_CHANNELS = 6
 GPT2_VOCAB = 50257
@@ -57,7 +63,7 @@ class GPTConfig:
             :func:`speedrun.model.rotary.rotary_table`). A packed sequence may hold at most P tokens, P/2 when
             any layer pairs heads (the doubled sequence has positions up to 2T-1); a longer forward pass
             raises ``ValueError``. ``speedrun train`` sizes it to the run unless set
-            (:meth:`speedrun.train_config.TrainConfig.model_config`).
+            (:meth:`speedrun.training.config.TrainConfig.model_config`).
         attention_scale: None for 1/sqrt(head_dim), or the scale of q·k (record #31: 0.1).
         yarn: rescale the rotary frequencies and the attention scale whenever the long window grows (YaRN,
             record #31; alpha 1, beta 32, scale x(1 + 0.2 ln(new/old))). Needs a window_pattern.
@@ -73,7 +79,8 @@ class GPTConfig:
             λ from (``resid_lambda_init``, 0) (record #9).
         resid_lambda_init: λ0's initial value, finite and > 0 (1.0; the current record's 1.1, record #45: the
             residual stream grows by 1.1 per layer, so an early layer's output reaches the head 1.1^k times
-            larger than a late one's; HEAD splits it as √1.1 per sublayer). Needs ``x0_lambdas`` when not 1.
+            larger than a late one's; HEAD splits it as √1.1 per sublayer: the sublayer form's resid lambdas
+            start at its square root). Needs ``x0_lambdas`` or ``residual_form: sublayer`` when not 1.
         value_embed_layers: layers whose attention values get a token-indexed value embedding added
             (records #14-#17; HEAD: layers 1, 2, 8, 9, 10 of 11).
         value_embed_tables: 0 for one table per value-embedding layer, or k >= 1 tables shared in turn: the
@@ -119,14 +126,56 @@ class GPTConfig:
             after block b is saved and ``λ · x_b`` subtracted from the last block's output before the final
             norm and the head, λ the parameter ``backout_lambda`` (1,) learned from 0.5 (kind ``scalar``).
             HEAD: layer 7 of 11 (the "2/3-depth" state), since absorbed into its MUDD bias (record #85).
+        residual_form: ``"block"`` (each block mixes x0 in before it, ``x0_lambdas``, and adds its sublayers'
+            outputs) or ``"sublayer"``, the form of records #81-#88 (:mod:`speedrun.model.residual`): per
+            sublayer ``x = resid·x + post·out``, ``resid_lambdas`` (n_layer, 2) from sqrt(resid_lambda_init) and
+            ``post_lambdas`` (n_layer, 2) from 1; after the attention sublayer ``+ x0·x0_lambdas[i]`` (from 0) and,
+            for i >= 1, the bigram injection (layer 0's enters before the first layer); a layer without
+            attention takes only the gated skip. Excludes ``x0_lambdas`` and U-net skips.
+        x0_with_bigram: in the sublayer form, the x0 that layers inject (and the skip gate reads) includes
+            layer 0's bigram injection, as records #81-#88 have it (their x0 and the stream are one tensor,
+            updated in place); HEAD (#85) injects the plain normalized embedding.
+        skip_gate: the gated skip's weight is ``sigmoid(λ)·2·sigmoid(W·x0[:12])``, W (1, 12) from zero
+            (record #55's "skip gate", in records #55-#88; parameter ``skips.gate``). Needs the gated skip and
+            the sublayer form.
+        saved_activation_layer: None or k (record #77, "single saved activation"; HEAD 7): the attention of
+            every layer after k reads norm(output of layer k) instead of norm(x). Needs the sublayer form.
+        sa_lambdas: per attention layer ``sa_lambdas`` (2,) from (0.5, 1.0) scaling the q/k/v product and the
+            output projection (record #47; parameter of each attention, kind ``scalar``).
+        xsa_layers: layers with learnable XSA (record #82: 1, 3, 4, 7, 8, 10; HEAD 1, 3, 4, 7), attention
+            layers that are not paired; see :mod:`speedrun.model.xsa`. Without ``mudd_gates`` each has a
+            parameter ``xsa_alpha`` (H,) from 0; with them the strengths are per token, from the gates.
+        xsa_form: ``"normalized"`` (record #82) or ``"projection"`` (#86), the same projection computed two ways.
+        mudd: MUDD dense connections (record #81, :class:`speedrun.model.mudd.DenseConnections`) at the start of
+            ``mudd_layer`` and after the last layer; parameter ``mudd``. Needs the sublayer form,
+            model_dim == n_head*head_dim, an even n_head, ``mudd_layer`` in value_embed_layers (MUDD gives its
+            value-embedding gate), with attention and not paired.
+        mudd_layer, mudd_mid_layer, mudd_early_layer: the MUDD layer (HEAD 10), the layer whose output it
+            reads there and after the loop (7), and the one read after the loop only (3);
+            0 <= early, mid < mudd_layer.
+        mudd_gates: HEAD's MUDD-generated gates (record #85, :class:`speedrun.model.mudd.MuddGates`;
+            parameter ``mudd_gates``): a "pre" gate from x0 and a "post" gate at the start of
+            ``mudd_gate_layer`` give the XSA strengths, the attention gates of ``attention_gate_layers``
+            (linear, from 0.25, instead of sigmoid(W·x)), the x0 and bigram injection gates of every attention
+            layer but the MUDD layer (instead of the lambdas), the skip's gate (instead of ``skip_gate``) and
+            the DC weights. Needs the sublayer form; excludes ``skip_gate``.
+        mudd_gate_layer: where the post gate is computed (HEAD 4); items of earlier layers come from the pre
+            gate. 1 <= mudd_gate_layer < n_layer.
+        dc_layers: layers with lightweight dynamically composable attention (record #85; HEAD 10):
+            :func:`speedrun.model.dc.dc_attention` adds its correction to the attention output, its weights from
+            the MUDD gates. Needs ``mudd_gates``; attention layers, not paired.
+        dc_window: the keys each DC query mixes over (HEAD 112), >= 1.
         fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
             :mod:`speedrun.model.fp8`).
         fp8_head: the training forward of the LM head in FP8 (record #19).
         fp8_mlp: the training forward of the MLP's up projection (record #84) and down projection (#89) in
-            FP8, backward in bf16 as in the records. Both scales are dynamic (amax / 448 per call): the
-            record quantizes its weights once per optimizer step and scales the down projection's input
-            by a delayed amax (speedrun-spec.md 2.4); the values are the same for the weights and exact
-            for the input. Needs ``mlp_kernel: torch`` (the fused kernel computes in bf16).
+            FP8, backward in bf16 as in the records. With ``mlp_kernel: torch`` both scales are dynamic
+            (amax / 448 per call; :class:`speedrun.model.fp8.FP8Linear`). With ``mlp_kernel: triton`` the
+            records' fused FP8 MLP (:mod:`speedrun.model.fp8_mlp`): x per call (amax/448), W1 per step, post
+            emitted in e4m3 by the fused kernel with a delayed per-layer scale (previous forward's amax ·
+            1.80/448) and W2 with a delayed per-layer scale (1.12/448, bootstrapped for 17 refreshes).
+        fp8_mlp_down: with ``fp8_mlp``, the down projection in FP8 too (record #89, the default); false: the up
+            projection alone in FP8 and the down product in bf16, as records #84-#88 run it.
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
             16-bit compute dtype only, the torch path elsewhere).
@@ -140,7 +189,7 @@ class GPTConfig:
             (Hopper, Blackwell), varlen, flex, and on a CPU sdpa_docs
             (:func:`speedrun.model.attention.resolve_backend`, which says why this order). ``speedrun train``
             resolves it once, before building the model
-            (:meth:`speedrun.train_config.TrainConfig.resolved_for`): the log's ``config`` and
+            (:meth:`speedrun.training.config.TrainConfig.resolved_for`): the log's ``config`` and
             ``attention_backend`` header lines show the backend that ran. A model built directly with
             ``"auto"`` resolves it at each attention call (cached per device; resolve it first when the
             model is compiled), taking its windows as Python numbers as every backend but ``flex`` does.
@@ -196,9 +245,25 @@ class GPTConfig:
     attention_free_layers: tuple[int, ...] = ()
     key_offset: bool = False
     backout_layer: int | None = None
+    residual_form: ResidualForm = "block"
+    x0_with_bigram: bool = False
+    skip_gate: bool = False
+    saved_activation_layer: int | None = None
+    sa_lambdas: bool = False
+    xsa_layers: tuple[int, ...] = ()
+    xsa_form: XsaForm = "projection"
+    mudd: bool = False
+    mudd_layer: int = 10
+    mudd_mid_layer: int = 7
+    mudd_early_layer: int = 3
+    mudd_gates: bool = False
+    mudd_gate_layer: int = 4
+    dc_layers: tuple[int, ...] = ()
+    dc_window: int = 112
     fp8_attention: bool = False
     fp8_head: bool = False
     fp8_mlp: bool = False
+    fp8_mlp_down: bool = True
     mlp_kernel: MlpKernel = "torch"
     rotary_kernel: RotaryKernel = "torch"
     attention_backend: AttentionBackend = "sdpa_docs"
@@ -229,14 +294,15 @@ class GPTConfig:
         _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
+        _check_mode("residual_form", self.residual_form, RESIDUAL_FORMS)
+        _check_mode("xsa_form", self.xsa_form, XSA_FORMS)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
-                     "fp8_mlp", "value_lambdas", "value_embed_gates"):
+                     "fp8_mlp", "value_lambdas", "value_embed_gates", "x0_with_bigram", "skip_gate", "sa_lambdas",
+                     "mudd", "mudd_gates", "fp8_mlp_down"):
             if not isinstance(getattr(self, name), bool):
                 raise SpeedrunError(f"model.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.fp8_mlp and self.mlp_kernel != "torch":
-            raise SpeedrunError(f"model.fp8_mlp needs model.mlp_kernel 'torch' (the fused ReLU² kernel computes "
-                                f"in bf16), got mlp_kernel {self.mlp_kernel!r}")
-        for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers"):
+        for name in ("value_embed_layers", "attention_gate_layers", "paired_head_layers", "attention_free_layers",
+                     "xsa_layers", "dc_layers"):
             self._check_layers(name)
         self._check_windows_and_rope()
         self._check_embeddings()
@@ -244,6 +310,71 @@ class GPTConfig:
         self._check_skips()
         self._check_key_offset_and_backout()
         self._check_prefix_token_loss()
+        self._check_sublayer_form()
+        self._check_mudd()
+
+    def _check_sublayer_form(self) -> None:
+        """The switches of records #77-#88 (see the field docs)."""
+        sublayer = self.residual_form == "sublayer"
+        if sublayer and self.x0_lambdas:
+            raise SpeedrunError("model.residual_form sublayer has its own x0 lambdas (injected after attention): "
+                                "it excludes model.x0_lambdas (the block form's mix before each block)")
+        if sublayer and self.skip_connections == "unet":
+            raise SpeedrunError("model.residual_form sublayer takes no U-net skips (skip_connections none or gated)")
+        for name in ("x0_with_bigram", "skip_gate", "mudd", "mudd_gates"):
+            if getattr(self, name) and not sublayer:
+                raise SpeedrunError(f"model.{name} belongs to the records' sublayer form: it needs "
+                                    "model.residual_form sublayer")
+        if self.skip_gate and self.skip_connections != "gated":
+            raise SpeedrunError("model.skip_gate gates the gated skip: it needs model.skip_connections gated")
+        if self.skip_gate and self.model_dim < GATE_CHANNELS:
+            raise SpeedrunError(f"model.skip_gate reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
+        layer = self.saved_activation_layer
+        if layer is not None:
+            if not (_is_int(layer) and 0 <= layer < self.n_layer - 1):
+                raise SpeedrunError(f"model.saved_activation_layer must be null or a layer index k with 0 <= k < "
+                                    f"n_layer - 1 = {self.n_layer - 1}, got {layer!r}")
+            if not sublayer:
+                raise SpeedrunError("model.saved_activation_layer needs model.residual_form sublayer")
+        no_attention = set(self.attention_free_layers) | set(self.paired_head_layers)
+        for name in ("xsa_layers", "dc_layers"):
+            clash = sorted(no_attention & set(getattr(self, name)))
+            if clash:
+                raise SpeedrunError(f"model.{name} names layer {clash[0]}, which is paired or without attention "
+                                    "(XSA and DC act on non-paired attention layers)")
+        if self.dc_layers and not self.mudd_gates:
+            raise SpeedrunError("model.dc_layers take their weights from the MUDD gates: they need model.mudd_gates")
+        if not _is_int(self.dc_window) or self.dc_window < 1:
+            raise SpeedrunError(f"model.dc_window must be a positive integer, got {self.dc_window!r}")
+
+    def _check_mudd(self) -> None:
+        if self.mudd:
+            m = self.mudd_layer
+            if not (_is_int(m) and 0 < m < self.n_layer):
+                raise SpeedrunError(f"model.mudd_layer must be a layer index in 1..{self.n_layer - 1}, got {m!r}")
+            for name in ("mudd_mid_layer", "mudd_early_layer"):
+                value = getattr(self, name)
+                if not (_is_int(value) and 0 <= value < m):
+                    raise SpeedrunError(f"model.{name} must be a layer index before model.mudd_layer {m}, "
+                                        f"got {value!r}")
+            if m in self.attention_free_layers or m in self.paired_head_layers:
+                raise SpeedrunError(f"model.mudd_layer {m} must be an attention layer that is not paired")
+            if m not in self.value_embed_layers:
+                raise SpeedrunError(f"model.mudd_layer {m} must be one of model.value_embed_layers (MUDD gates its "
+                                    "value embedding)")
+            if self.model_dim != self.attn_dim or self.n_head % 2:
+                raise SpeedrunError(f"model.mudd adds residual states to the values and gates half the heads per "
+                                    f"lane: it needs model_dim == n_head*head_dim and an even n_head, got "
+                                    f"{self.model_dim}, {self.n_head} x {self.head_dim}")
+        if self.mudd_gates:
+            g = self.mudd_gate_layer
+            if not (_is_int(g) and 0 < g < self.n_layer):
+                raise SpeedrunError(f"model.mudd_gate_layer must be a layer index in 1..{self.n_layer - 1}, "
+                                    f"got {g!r}")
+            if self.skip_gate:
+                raise SpeedrunError("model.mudd_gates generate the skip's gate: they exclude model.skip_gate")
+            if 0 in self.attention_free_layers:
+                raise SpeedrunError("model.mudd_gates gate layer 0's injections: layer 0 needs attention")
 
     @property
     def schedule_as_graph_inputs(self) -> bool:
@@ -280,8 +411,9 @@ class GPTConfig:
         if not isinstance(init, (int, float)) or isinstance(init, bool) or not 0 < init < float("inf"):
             raise SpeedrunError(f"model.resid_lambda_init must be a finite number > 0, got {init!r}"
                                 f"{number_text_hint(init)}")
-        if init != 1.0 and not self.x0_lambdas:
-            raise SpeedrunError(f"model.resid_lambda_init {init} sets the x0 lambdas' λ0: it needs model.x0_lambdas")
+        if init != 1.0 and not self.x0_lambdas and self.residual_form != "sublayer":
+            raise SpeedrunError(f"model.resid_lambda_init {init} sets the x0 lambdas' λ0: it needs model.x0_lambdas "
+                                "(or model.residual_form sublayer, whose resid lambdas start at its square root)")
         std = self.value_embed_std
         if not isinstance(std, (int, float)) or isinstance(std, bool) or not 0 < std < float("inf"):
             raise SpeedrunError(f"model.value_embed_std must be a finite number > 0, got {std!r}"
@@ -393,7 +525,8 @@ PRESETS: dict[str, GPTConfig] = {
     # start (#13, #20, #31); half-truncated RoPE (#17); attention scale 0.1 and YaRN (#31); 23·σ((z+5)/7.5)
     # (#54); x0 lambdas (#9) from λ0 = 1.1 (#45); value embeddings on layers 1, 2, 8, 9, 10, each gated per head
     # by 2·σ(W_g·[x[:6], ve[:6]]) (#55, #70; HEAD's layer 10 takes its VE gate from MUDD instead, which this
-    # model does not have); smear (#34); tied embedding and head (#51, untied by the training untie_step, #53);
+    # preset leaves off: see record88); smear (#34); tied embedding and head (#51, untied by the training
+    # untie_step, #53);
     # bigram hash embedding of 50304·15//2 rows with the sign trick (#62, #83); the gated skip 3 -> 6 (#45, #55);
     # the attention output gate on every attention layer (#28; the pre-MUDD records gate all attention layers,
     # HEAD's MUDD-generated gates only 3 and 10); paired heads on layers 0, 2, 5, 9 (#58); FP8 head (#19), MLP
@@ -433,7 +566,45 @@ PRESETS: dict[str, GPTConfig] = {
                           attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
                           attention_free_layers=(7,), fp8_head=True, attention_backend="flex",
                           cross_entropy="fused", rotary_kernel="triton"),
+    # Record #88 (2026-07 prefix-token loss; its train_gpt.py in shared/reference-code/record88): the shape and
+    # the switches of gpt124m (above) in the residual form of records #81-#88 (speedrun-spec.md 2.2): per-
+    # sublayer resid lambdas from √1.1 and post lambdas from 1, x0 and bigram injected after attention, x0
+    # holding layer 0's bigram injection as the record's in-place update makes it (x0_with_bigram); the skip
+    # 3 -> 6 gated by σ(λ)·2σ(W·x0[:12]) (#55); layers 8-10 attend over norm(output of layer 7) (#77); the
+    # q/k/v and output lambdas (#47); learnable per-head XSA on layers 1, 3, 4, 7, 8, 10 (#82); MUDD at the start
+    # of layer 10 (reading the outputs of 7) and after the loop (reading 7, 3 and the input of 10), which
+    # absorbs backout (#81). Sigmoid attention gates on every attention layer (#28), VE gates on 1, 2, 8, 9
+    # (10's from MUDD). FP8 only in the head (#19) and the MLP up-projection (#84, inside the fused ReLU² kernel,
+    # #87; the down product in bf16: fp8_mlp_down false); the record's attention products are bf16. The prefix-
+    # token loss (#88) builds its table here; its weight and the multi-token weights (#53) are per-step schedule
+    # values (speedrun.optim.stages).
+    "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+                          rope="half_truncated", attention_scale=0.1, yarn=True,
+                          window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
+                          logit_softcap=23.0, softcap_kind="shifted_sigmoid", resid_lambda_init=1.1,
+                          value_embed_layers=(1, 2, 8, 9, 10), value_embed_gates=True, smear=True,
+                          tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
+                          skip_connections="gated", skip_from=3, skip_to=6, skip_gate=True,
+                          attention_free_layers=(6,), attention_gate_layers=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10),
+                          paired_head_layers=(0, 2, 5, 9), key_offset=True, fp8_head=True,
+                          residual_form="sublayer", x0_with_bigram=True, saved_activation_layer=7,
+                          sa_lambdas=True, xsa_layers=(1, 3, 4, 7, 8, 10), xsa_form="normalized",
+                          mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
+                          attention_backend="flex", cross_entropy="fused", rotary_kernel="triton",
+                          mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True),
 }
+
+# HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its train_gpt.py
+# in shared/reference-code/head; speedrun-spec.md 2): record88's architecture with HEAD's MUDD gates (#85): a pre
+# gate from x0 and a post gate at the start of layer 4 give per-token XSA strengths (layers 1, 3, 4, 7, #86 form),
+# linear attention gates on layers 3 and 10 only (from 0.25), the x0/bigram injection gates (instead of the
+# lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the σ(W·x0) gate); lightweight DC on layer 10 over 112
+# keys (#85, speedrun.model.dc); x0 without layer 0's bigram injection (HEAD clones it); the MLP's down projection
+# in FP8 too, with its delayed input scale (#89).
+PRESETS["record89"] = dataclasses.replace(
+    PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
+    attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112,
+    fp8_mlp_down=True)
 
 
 def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) -> GPTConfig:

@@ -8,7 +8,7 @@ that a sliding window may not even reach). W_g starts at zero, as in the record 
 every gate starts at sigmoid(0) = 0.5, the same for all tokens and heads, so at initialization the gate
 halves the attention output (which the zero-initialized output projection makes zero anyway) and the
 gradient of W_g is what first tells tokens apart. HEAD generates these gates with its MUDD network
-instead (record #85, init 0.25), which this model does not have.
+instead (record #85, linear, init 0.25: ``GPTConfig.mudd_gates``, :class:`speedrun.model.mudd.MuddGates`).
 
 The value-embedding gate scales each head's value embedding before it is added to v:
 ``v_h += 2·sigmoid(W_g · [x[:, :6], ve[:, :6]])_h · ve_h``, W_g (n_head, 12), a gate in (0, 2) read from the

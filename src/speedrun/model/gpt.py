@@ -10,7 +10,10 @@ softcap record #9 (softcap 15 #18); document masking over one packed sequence re
 half-truncated RoPE record #17; attention scale 0.1 and YaRN on window growth record #31; smear record #34;
 shifted-sigmoid softcap record #54; U-net skips record #11, the gated skip records #45, #55; sparse attention
 gate record #28; paired-head attention record #58; bigram hash embedding records #62, #83; FP8 head record
-#19, FP8 QKV/O the 2026-06-11 record; backout record #40; partial key offset record #49.
+#19, FP8 QKV/O the 2026-06-11 record; backout record #40; partial key offset record #49; the records'
+per-sublayer residual form (records #81-#88, :mod:`speedrun.model.residual`) with the q/k/v lambdas record
+#47, the single saved activation record #77, MUDD record #81, XSA records #82, #86, HEAD's MUDD gates and
+lightweight DC record #85.
 
 Shape legend: T tokens of one packed sequence (B = 1), D documents, C model_dim, H n_head,
 Dh head_dim, V vocab_size.
@@ -32,15 +35,18 @@ from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache
 from speedrun.model.init import init_output_
 from speedrun.model.loss import linear_cross_entropy
+from speedrun.model.mudd import DenseConnections, MuddGates
 from speedrun.model.norm import rms_norm
 from speedrun.model.packing import document_positions
 from speedrun.model.paired import paired_positions
 from speedrun.model.prefix import prefix_token_table
+from speedrun.model.residual import SublayerResidual, run_sublayers
 from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
-ParamKind = Literal["embed", "head", "matrix", "scalar"]
+ParamKind = Literal["embed", "head", "matrix", "scalar", "lambda", "resid_lambda", "skip_gate", "gate",
+                    "smear_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"]
 TIED_HEAD_STD = 0.005
 BACKOUT_LAMBDA_INIT = 0.5
 
@@ -53,8 +59,11 @@ class GPT(nn.Module):
     ``config.smear``, ``smear``; with ``config.bigram_vocab_size``, ``bigram``
     (:class:`speedrun.model.bigram.BigramEmbedding`); with ``config.skip_connections``, ``skips``
     (:mod:`speedrun.model.skips`); with ``config.backout_layer``, ``backout_lambda`` (1,) fp32 from 0.5
-    (backout, record #40: see :meth:`_run_blocks`). :meth:`parameter_kinds` labels each parameter for the
-    optimizers.
+    (backout, record #40: see :meth:`_run_blocks`); with ``config.residual_form`` sublayer, ``residual``
+    (:class:`speedrun.model.residual.SublayerResidual`; the forward of :func:`speedrun.model.residual.run_sublayers`);
+    with ``config.mudd``, ``mudd`` (:class:`speedrun.model.mudd.DenseConnections`, record #81); with
+    ``config.mudd_gates``, ``mudd_gates`` (:class:`speedrun.model.mudd.MuddGates`, record #85).
+    :meth:`parameter_kinds` labels each parameter for the optimizers.
 
     Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
     initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`
@@ -108,13 +117,19 @@ class GPT(nn.Module):
             self.smear = Smear(config.model_dim)
         if config.bigram_vocab_size:
             self.bigram = BigramEmbedding(config.bigram_vocab_size, config.model_dim, config.n_layer,
-                                          config.bigram_sign_trick)
+                                          config.bigram_sign_trick, gates=not config.mudd_gates)
         if config.skip_connections == "unet":
             self.skips = UNetSkips(config.n_layer)
         elif config.skip_connections == "gated":
-            self.skips = GatedSkip(config.skip_from, config.skip_to)
+            self.skips = GatedSkip(config.skip_from, config.skip_to, gate=config.skip_gate)
         if config.backout_layer is not None:
             self.backout_lambda = nn.Parameter(torch.tensor([BACKOUT_LAMBDA_INIT]))
+        if config.residual_form == "sublayer":
+            self.residual = SublayerResidual(config.n_layer, config.resid_lambda_init, x0_lambdas=not config.mudd_gates)
+        if config.mudd:
+            self.mudd = DenseConnections(config.model_dim, config.n_head, config.resid_lambda_init)
+        if config.mudd_gates:
+            self.mudd_gates = MuddGates(config)
         self.register_buffer("rotary_frequencies", rotary_frequencies(config.head_dim, config.rope_base,
                                                                       mode=config.rope), persistent=False)
         cos, sin = rotary_table(self.rotary_frequencies, config.rotary_positions)           # (P, R) each
@@ -304,6 +319,9 @@ class GPT(nn.Module):
         x0 = rms_norm(x)
         none = [None] * cfg.n_layer
         value_embeds = self.value_embeds.per_layer(inputs, cfg.n_layer) if cfg.value_embed_layers else none
+        if cfg.residual_form == "sublayer":                      # records #81-#88, HEAD: speedrun.model.residual
+            bigram = self.bigram(inputs) if cfg.bigram_vocab_size else None
+            return rms_norm(run_sublayers(self, x0, context, self._forward_windows(), value_embeds, bigram))
         bigrams = self.bigram.per_layer(inputs) if cfg.bigram_vocab_size else none
         return rms_norm(self._run_blocks(x0, context, value_embeds, bigrams))
 
@@ -399,10 +417,16 @@ class GPT(nn.Module):
         bigram gates, the skip weights and ``backout_lambda``). With ``config.tie_embed_head`` the token
         embedding is of kind ``head``: it starts as the head's copy and, once untied, trains with the head's
         Adam settings, as in the record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas;
-        value and bigram tables 75x that lr). Raises ``ValueError`` for a parameter it does not know."""
+        value and bigram tables 75x that lr). The parameters of records #47-#89 take the kinds of
+        :meth:`_record_kind` (``lambda``, ``resid_lambda``, ``skip_gate``, ``gate``, ``smear_gate``, ``mudd``,
+        ``mudd_bias``, ``mudd_gate``, ``mudd_gate_bias``; Adam). Raises ``ValueError`` for a parameter it does
+        not know."""
         kinds: dict[str, ParamKind] = {}
         for name, param in self.named_parameters():
-            if name == "embed.weight" and self.config.tie_embed_head:
+            record_kind = self._record_kind(name)
+            if record_kind is not None:
+                kinds[name] = record_kind
+            elif name == "embed.weight" and self.config.tie_embed_head:
                 kinds[name] = "head"
             elif name.startswith(("embed.", "value_embeds.", "bigram.table")):
                 kinds[name] = "embed"
@@ -416,3 +440,33 @@ class GPT(nn.Module):
             else:
                 raise ValueError(f"parameter {name!r} has no optimizer kind")
         return kinds
+
+    def _record_kind(self, name: str) -> ParamKind | None:
+        """The kinds of the parameters of records #47-#89 (speedrun-spec.md 3.3 and record #88's table; see
+        :data:`speedrun.optim.config.RECORD_ADAM_KINDS`), or None for the others: ``resid_lambda`` the
+        sublayer form's resid lambdas; ``lambda`` its post and x0 lambdas, the bigram lambdas in that form and
+        the XSA strengths; ``skip_gate`` the skip gate's W; ``mudd`` / ``mudd_bias`` MUDD's w1, w2 / b2;
+        ``mudd_gate`` / ``mudd_gate_bias`` the MUDD gates' w1, w2 / b2 and their shared scale; the attention's
+        ``sa_lambdas`` are ``scalar``. In the sublayer form (the records' #81-#89 models), the attention and
+        value-embedding gates' weights are ``gate`` and the smear gate ``smear_gate``, as record #88's table
+        has them (the block form keeps them ``scalar``: gpt124m unchanged)."""
+        sublayer = self.config.residual_form == "sublayer"
+        if sublayer and (name.endswith((".attn.gate.weight", ".attn.ve_gate.weight"))):
+            return "gate"
+        if sublayer and name == "smear.gate":
+            return "smear_gate"
+        if name == "residual.resid_lambdas":
+            return "resid_lambda"
+        if name in ("residual.post_lambdas", "residual.x0_lambdas") or name.endswith(".attn.xsa_alpha"):
+            return "lambda"
+        if name == "bigram.gates" and self.config.residual_form == "sublayer":
+            return "lambda"
+        if name == "skips.gate":
+            return "skip_gate"
+        if name.startswith("mudd."):
+            return "mudd_bias" if name.endswith(".b2") else "mudd"
+        if name.startswith("mudd_gates."):
+            return "mudd_gate" if name.endswith((".w1", ".w2")) else "mudd_gate_bias"
+        if name.endswith(".attn.sa_lambdas"):
+            return "scalar"
+        return None

@@ -7,8 +7,17 @@ Two implementations of the same function and parameters, chosen by ``kernel`` (`
 ``post``), and ``"triton"``, the fused kernel of records #59 and #87 (:mod:`speedrun.kernels.relu_square_mlp`:
 the forward stores only ``post = relu(pre)²``, the backward rebuilds ``relu(pre) = sqrt(post)``). The
 Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the switch says. With
-``GPTConfig.fp8_mlp`` the reference's two products run in FP8 in training (records #84, #89;
-:class:`speedrun.model.fp8.FP8Linear`: per-tensor dynamic scales, bf16 backward).
+``GPTConfig.fp8_mlp`` the two products run in FP8 in training, backward in bf16 (records #84, #89; with
+``fp8_mlp_down`` false only the up projection, as records #84-#88):
+
+* with ``"torch"``, :class:`speedrun.model.fp8.FP8Linear` for each (per-tensor dynamic scales, amax/448);
+* with ``"triton"``, the records' fused FP8 MLP (:mod:`speedrun.model.fp8_mlp`): x quantized per call
+  (amax/448), W1 from its per-step weight cache, the fused kernel's epilogue writing post = relu(pre)² in
+  bf16 (for the backward) and in e4m3 with the layer's delayed scale (``post_scale``: the previous training
+  forward's amax(post) · 1.80/448), W2 from a weight cache with a delayed scale (1.12/448 of the previous
+  refresh's amax, bootstrapped for 17 refreshes), the down product in ``torch._scaled_mm``. On CUDA the
+  Triton kernel (:func:`speedrun.kernels.relu_square_mlp.relu_square_mlp_fp8`), elsewhere the same
+  quantization in plain PyTorch (:func:`speedrun.model.fp8_mlp.fp8_mlp_reference`).
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from torch import nn
 from speedrun.errors import SpeedrunError
 from speedrun.kernels import optional_kernel
 from speedrun.model.config import MLP_KERNELS, GPTConfig, MlpKernel
-from speedrun.model.fp8 import FP8Linear
+from speedrun.model.fp8 import FP8Linear, quantize
+from speedrun.model.fp8_mlp import DelayedFP8WeightCache, FP8Operands, fp8_mlp_reference, next_post_scale
 from speedrun.model.init import init_input_, init_output_
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
@@ -35,6 +45,13 @@ class MLP(nn.Module):
     checkpoints do not depend on the switch. The Triton path computes in the autocast dtype when autocast
     is on, else in x's dtype, which must be bf16 or fp16.
 
+    With ``config.fp8_mlp`` and ``"triton"`` (the records' fused FP8 MLP, see the module docstring), the
+    training forward reads ``fc.weight_cache`` (dynamic) and ``proj.weight_cache`` (a
+    :class:`speedrun.model.fp8_mlp.DelayedFP8WeightCache`) while they are switched on, else quantizes both
+    weights per call (amax/448); it multiplies post with the buffer ``post_scale`` () fp32 (non-persistent,
+    1.0 at construction) and then overwrites it with ``amax(post) · 1.80/448`` for the next training
+    forward. Its compute dtype is bf16 (x is cast); C and F must be multiples of 16 on CUDA.
+
     Raises :class:`SpeedrunError` for an unknown kernel; in forward, on CUDA with ``"triton"``, when the
     ``triton`` package is missing or the compute dtype is not 16-bit.
     """
@@ -46,15 +63,34 @@ class MLP(nn.Module):
             raise SpeedrunError(f"model.mlp_kernel must be one of {', '.join(MLP_KERNELS)}; got {kernel!r}")
         self.kernel: MlpKernel = kernel
         self.fc = FP8Linear(config.model_dim, config.mlp_hidden, fp8=config.fp8_mlp)
-        self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp)
+        self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp and config.fp8_mlp_down)
         init_input_(self.fc.weight)
         init_output_(self.proj.weight)
         self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if kernel == "triton" else None
+        self.fused_fp8 = config.fp8_mlp and kernel == "triton"
+        self.down_fp8 = config.fp8_mlp_down
+        self._fused_fp8 = optional_kernel("relu_square_mlp", "relu_square_mlp_fp8") if self.fused_fp8 else None
+        if self.fused_fp8:
+            self.proj.weight_cache = DelayedFP8WeightCache()
+            self.register_buffer("post_scale", torch.ones((), dtype=torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_fp8 and self.training:
+            return self._fp8_forward(x)
         if self.kernel == "triton" and x.is_cuda:
             return self._fused_forward(x)
         return self.proj(torch.relu(self.fc(x)).square())
+
+    def _fp8_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self._fused_fp8 is None:
+            raise SpeedrunError("model.mlp_kernel 'triton' needs the triton package, which is not installed")
+        fn = self._fused_fp8 if x.is_cuda else fp8_mlp_reference
+        x = x.to(torch.bfloat16) if x.is_cuda else x
+        out, amax = fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), _fp8_operands(self.proj),
+                       self.post_scale, self.down_fp8)
+        with torch.no_grad():
+            self.post_scale.copy_(next_post_scale(amax))                # the delayed scale of the next forward
+        return out
 
     def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._fused is None:
@@ -65,3 +101,13 @@ class MLP(nn.Module):
             raise SpeedrunError(f"model.mlp_kernel 'triton' computes in bfloat16 or float16 (train dtype "
                                 f"bfloat16 turns on autocast); got {dtype}")
         return self._fused(x.to(dtype), self.fc.weight.to(dtype), self.proj.weight.to(dtype))
+
+
+def _fp8_operands(layer: FP8Linear) -> FP8Operands:
+    """(w8 (N, K) e4m3, scale () fp32, w (N, K) bf16) of ``layer.weight``: its cache's while switched on,
+    else quantized now (amax/448)."""
+    cache = layer.weight_cache
+    if cache is not None and cache.enabled:
+        return cache.operands(layer.weight)
+    w8, scale = quantize(layer.weight)
+    return w8, scale, layer.weight.to(torch.bfloat16)

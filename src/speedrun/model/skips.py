@@ -11,9 +11,11 @@ Shape legend: T tokens, C model_dim.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 GATED_SKIP_INIT = -1.5
+SKIP_GATE_CHANNELS = 12
 
 
 class UNetSkips(nn.Module):
@@ -42,15 +44,32 @@ class UNetSkips(nn.Module):
 
 class GatedSkip(nn.Module):
     """Records #45, #55 (HEAD: 3 -> 6): ``x += sigmoid(lambda_) · output_{skip_from}`` at the input of block
-    ``skip_to``; ``lambda_`` (1,) learned from -1.5 (sigmoid 0.18). HEAD multiplies in a further MUDD gate
-    (record #85), left out here."""
+    ``skip_to``; ``lambda_`` (1,) learned from -1.5 (sigmoid 0.18). With ``gate`` (record #55's skip gate,
+    records #55-#88), the weight is ``sigmoid(lambda_) · 2·sigmoid(x0[:, :12] Wᵀ)`` per token, W the
+    parameter ``gate`` (1, 12) from zero (factor 1 at initialization); HEAD (record #85) multiplies in a
+    MUDD-generated gate instead (:meth:`weight`)."""
 
-    def __init__(self, skip_from: int, skip_to: int):
+    def __init__(self, skip_from: int, skip_to: int, gate: bool = False):
         super().__init__()
         if not 0 <= skip_from < skip_to:
             raise ValueError(f"a skip runs forward: need 0 <= skip_from < skip_to, got {skip_from} -> {skip_to}")
         self.skip_from, self.skip_to = skip_from, skip_to
         self.lambda_ = nn.Parameter(torch.tensor([GATED_SKIP_INIT]))
+        self.gate = nn.Parameter(torch.zeros(1, SKIP_GATE_CHANNELS)) if gate else None
+
+    def weight(self, x0: torch.Tensor | None = None, mudd_gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The skip's weight: (1,) ``sigmoid(lambda_)``; times ``2·sigmoid(x0[:, :12] Wᵀ)`` (T, 1) with the
+        ``gate`` parameter (x0 (T, C) then needed: ``ValueError`` without it), or times ``mudd_gate`` (T, 1)
+        when given (HEAD's linear MUDD gate)."""
+        weight = torch.sigmoid(self.lambda_)
+        if mudd_gate is not None:
+            return weight.type_as(mudd_gate) * mudd_gate
+        if self.gate is None:
+            return weight
+        if x0 is None:
+            raise ValueError("the skip gate reads x0: pass it to GatedSkip.weight")
+        gate = 2 * torch.sigmoid(F.linear(x0[:, :SKIP_GATE_CHANNELS], self.gate.type_as(x0)))   # (T, 1)
+        return weight.type_as(gate) * gate
 
     def keeps(self, layer: int) -> bool:
         """Whether block ``layer``'s output is saved for a later block."""

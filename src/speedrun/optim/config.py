@@ -9,64 +9,106 @@ from typing import Literal, Mapping, get_args
 
 Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
-ADAM_KINDS: tuple[str, ...] = ("embed", "head", "scalar")      # the parameter kinds that train with Adam
+
+
+@dataclass(frozen=True)
+class AdamKind:
+    """The Adam settings of one parameter kind of records #81-#89: ``lr`` (record #88's base 0.008 times the
+    parameter's lr_mul), ``betas``, ``wd_mul`` (times ``adam_weight_decay``)."""
+
+    lr: float
+    betas: tuple[float, float]
+    wd_mul: float
+
+
+# Record #88's param_table and HEAD's (speedrun-spec.md 3.3): "lambda" its post_lambdas, x0_lambdas,
+# bigram_lambdas and xsa_alphas; "resid_lambda" its resid_lambdas; "skip_gate" record #88's skip_gate;
+# "gate" its attn_gate_bank and ve_gate_bank; "smear_gate" its smear_gate; "mudd"/"mudd_bias" its mudd_w1,
+# mudd_w2 / mudd_b2; "mudd_gate"/"mudd_gate_bias" HEAD's mudd_gate_w1, mudd_gate_w2 / mudd_gate_b2,
+# _mudd_gate_scale.
+RECORD_ADAM_KINDS: dict[str, AdamKind] = {
+    "gate": AdamKind(0.008, (0.9, 0.99), 1.0),
+    "smear_gate": AdamKind(0.00008, (0.9, 0.99), 0.0),
+    "lambda": AdamKind(0.008, (0.9, 0.95), 0.0),
+    "resid_lambda": AdamKind(0.04, (0.9, 0.95), 0.0),
+    "skip_gate": AdamKind(0.0004, (0.9, 0.99), 0.0),
+    "mudd": AdamKind(0.002, (0.9, 0.99), 1.0),
+    "mudd_bias": AdamKind(0.002, (0.9, 0.99), 0.0),
+    "mudd_gate": AdamKind(0.0008, (0.9, 0.99), 1.0),
+    "mudd_gate_bias": AdamKind(0.0008, (0.9, 0.99), 0.0),
+}
+# the parameter kinds that train with Adam whose settings a training config names (lrs, betas), and all of them
+ADAM_KINDS: tuple[str, ...] = ("embed", "head", "scalar")
+ALL_ADAM_KINDS: tuple[str, ...] = (*ADAM_KINDS, *RECORD_ADAM_KINDS)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`).
-
-    ``weight_decay``: Muon's weight decay (speedrun-spec.md 3.2: 1.2); ``adam_weight_decay``: Adam's
-    (speedrun-spec.md 3.3: 0.005), separate since both are tuned apart.
-    ``normuon_beta2``: None for plain Muon, else NorMuon's variance normalization (records #41-#48: 0.9).
-    ``cautious_weight_decay``: cautious decay in Muon (record #43) and Adam (record #50) instead of
-    decoupled decay.
-    ``langevin_noise``: σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; see
-    :mod:`speedrun.optim.langevin`), drawn from ``langevin_seed`` (give each seed of a multi-seed run its
-    own).
-    ``mlp_proj_lr_mul``: Muon's lr of the MLP output matrices (parameters named ``*.mlp.proj.weight``) is
-    ``muon_lr`` times this (the record: 4, speedrun-spec.md 3.2).
-    ``mlp_fc_lr_mul``: the same for the MLP input matrices (``*.mlp.fc.weight``): their group lr is
-    ``muon_lr`` times this, and Muon's shape factor max(1, rows/cols)**0.5 still applies on top (2 for our
-    (4C, C) nn.Linear layout). Record #28 (2025-08-23 SparseAttnGate, its train_gpt.py) stores c_fc as
-    (C, 4C), shape factor 1: 0.5 reproduces its step. Muon's decoupled weight decay scales with the group
-    lr too (record #28 has none).
-    ``adam_eps``: Adam's ε, in the units of the gradients, i.e. of the mean loss (nats/token). Record #28
-    has ε 1e-10 on a loss summed over each rank's micro-batches and averaged over the ranks: on W GPUs of
-    its 393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation
-    steps, as the one-H200 race; 2.03e-15 on its 8 GPUs).
-    ``adam_kind_betas``: Adam kind (``embed``, ``head``, ``scalar``: :data:`ADAM_KINDS`) -> its group's
-    (β1, β2), in place of ``adam_betas`` for that kind; empty: ``adam_betas`` everywhere. The current record
-    (speedrun-spec.md 3.3, its per-parameter table) maps to ``{head: (0.5, 0.95), embed: (0.75, 0.95),
-    scalar: (0.9, 0.99)}``: its lm_head and token embedding have (0.5, 0.95) (ours, while tied and after the
-    untie step, is of kind ``head``; untied from the start it is of kind ``embed`` and gets the value and
-    bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9, 0.95), ours share the scalar group.
-    ``muon_attention_gates``: the attention output gates' (H, 12) weights (names containing ``.attn.gate.``,
-    kind ``scalar``) go to Muon at ``muon_lr`` instead of Adam's scalar group, as record #28's ``dampen``
-    (a 2-D weight inside its blocks, hence Muon's).
-    ``shard_muon``: shard Muon's update over the ranks when torch.distributed runs with world size > 1
-    (speedrun-spec.md 3.4); Muon then averages its gradients itself
-    (:meth:`speedrun.optim.groups.Optimizers.self_reduced_parameters`)."""
+    """Learning rates and hyperparameters of both optimizers (see :mod:`speedrun.optim.muon`): Adam for the
+    embeddings, the head and the scalars (by parameter kind, :data:`ADAM_KINDS`), Muon for the hidden matrices.
+    These are the training settings of the same names (config.yaml ``train``; ``langevin_seed`` is set per run).
+    """
 
     embed_lr: float = 0.6
+    """Adam lr of kind ``embed``: the value embeddings, the bigram table, the token embedding once untied."""
     head_lr: float = 0.008
+    """Adam lr of kind ``head``: lm_head and the token embedding while tied."""
     scalar_lr: float = 0.04
+    """Adam lr of kind ``scalar``: the scalars and gates."""
     adam_betas: tuple[float, float] = (0.8, 0.95)
+    """Adam's (β1, β2), each in [0, 1), for every kind that ``adam_kind_betas`` does not name."""
     adam_eps: float = 1e-10
+    """Adam's ε (> 0), in the units of the gradients, i.e. of the mean loss (nats/token). Record #28 has ε
+    1e-10 on a loss summed over each rank's micro-batches and averaged over the ranks: on W GPUs of its
+    393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation steps, as
+    the one-H200 race; 2.03e-15 on its 8 GPUs)."""
     adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Adam kind (:data:`ADAM_KINDS`) -> its group's (β1, β2), in place of ``adam_betas``; empty:
+    ``adam_betas`` everywhere. The current record (speedrun-spec.md 3.3, its per-parameter table) maps to
+    ``{head: (0.5, 0.95), embed: (0.75, 0.95), scalar: (0.9, 0.99)}``: its lm_head and token embedding have
+    (0.5, 0.95) (ours, while tied and after the untie step, is of kind ``head``; untied from the start it is of
+    kind ``embed`` and gets the value and bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9,
+    0.95), ours share the scalar group."""
+    adam_kind_lrs: Mapping[str, float] = field(default_factory=dict)
+    """Adam kind -> lr, for the kinds of :data:`RECORD_ADAM_KINDS` (the records' sublayer-form lambdas, gates and
+    MUDD weights; their lr in that table when not given); ``embed``, ``head``, ``scalar`` take ``embed_lr``,
+    ``head_lr``, ``scalar_lr``. Those kinds' betas default to the table's (``adam_kind_betas`` overrides them too)
+    and their weight decay is ``adam_weight_decay`` times the table's ``wd_mul`` (1 for the other kinds)."""
     muon_lr: float = 0.05
+    """Muon's lr of the hidden matrices."""
     muon_momentum: float = 0.95
+    """Muon's momentum, in [0, 1), reached after the schedule's warm-up from 0.85 (speedrun-spec.md 3.5)."""
     weight_decay: float = 0.0
+    """Muon's weight decay (speedrun-spec.md 3.2: 1.2), scaled with the group lr."""
     adam_weight_decay: float = 0.0
+    """Adam's weight decay (speedrun-spec.md 3.3: 0.005), separate since both are tuned apart."""
     orthogonalizer: Orthogonalizer = "polar_express"
+    """How Muon orthogonalizes its update (:mod:`speedrun.optim.orthogonalize`)."""
     normuon_beta2: float | None = None
+    """None for plain Muon, else NorMuon's variance normalization, in [0, 1) (records #41-#48: 0.9)."""
     cautious_weight_decay: bool = False
+    """Cautious decay in Muon (record #43) and Adam (record #50) instead of decoupled decay."""
     langevin_noise: float = 0.0
+    """σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; :mod:`speedrun.optim.langevin`)."""
     langevin_seed: int = 0
+    """Seed of the Langevin noise: each seed of a multi-seed run gets its own (``speedrun train``: the run's
+    seed). Not a training setting."""
     shard_muon: bool = True
+    """Shard Muon's update over the ranks when torch.distributed runs with world size > 1 (speedrun-spec.md
+    3.4: reduce-scatter, update, all-gather); Muon then averages its gradients itself
+    (:meth:`speedrun.optim.groups.Optimizers.self_reduced_parameters`)."""
     mlp_proj_lr_mul: float = 1.0
+    """Muon's lr of the MLP output matrices is ``muon_lr`` times this (the record: 4, speedrun-spec.md 3.2: it
+    stores them as (4C, C), shape factor 2, and doubles that; ours are (C, 4C), shape factor 1)."""
     mlp_fc_lr_mul: float = 1.0
+    """The same for the MLP input matrices: their group lr is ``muon_lr`` times this, and Muon's shape factor
+    max(1, rows/cols)**0.5 still applies on top (2 for our (4C, C) nn.Linear layout). Record #28 (2025-08-23
+    SparseAttnGate, its train_gpt.py) stores c_fc as (C, 4C), shape factor 1: 0.5 reproduces its step. Muon's
+    decoupled weight decay scales with the group lr too (record #28 has none)."""
     muon_attention_gates: bool = False
+    """The attention output gates' (H, 12) weights (kind ``scalar``) go to Muon at ``muon_lr`` instead of
+    Adam's scalar group, as record #28's ``dampen`` (a 2-D weight inside its blocks, hence Muon's); needs a
+    model with attention gates."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from torch import nn
 from speedrun.optim.adam import build_adamw
 from speedrun.optim.langevin import langevin_sigma
 from speedrun.optim.muon import Muon
-from speedrun.optim.config import ADAM_KINDS, OptimConfig, ScheduleConfig
+from speedrun.optim.config import ADAM_KINDS  # noqa: F401 (imported from here by callers)
+from speedrun.optim.config import ALL_ADAM_KINDS, RECORD_ADAM_KINDS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import lr_factor, muon_momentum
 
 MUON_KINDS = ("matrix",)
@@ -85,7 +86,7 @@ def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, li
     extra = sorted(set(kinds) - set(named))
     if missing or extra:
         raise ValueError(f"parameters without an optimizer kind: {missing}; kinds of no parameter: {extra}")
-    out: dict[str, list[nn.Parameter]] = {kind: [] for kind in ADAM_KINDS + MUON_KINDS}
+    out: dict[str, list[nn.Parameter]] = {kind: [] for kind in ALL_ADAM_KINDS + MUON_KINDS}
     for name, kind in kinds.items():
         if kind not in out:
             raise ValueError(f"parameter {name!r} has unknown kind {kind!r}")
@@ -130,6 +131,21 @@ def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig) -> dict[str, 
     return {name: "matrix" if ATTENTION_GATE_MARK in name else kind for name, kind in kinds.items()}
 
 
+def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> dict:
+    """The Adam parameter group of ``kind``: ``lr`` (= ``initial_lr``) ``embed_lr``, ``head_lr``, ``scalar_lr``
+    or, for a kind of :data:`speedrun.optim.config.RECORD_ADAM_KINDS`, ``adam_kind_lrs`` or the table's lr;
+    ``betas`` ``adam_kind_betas``, else the table's, else ``adam_betas``; with a table kind, ``weight_decay``
+    ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default)."""
+    record = RECORD_ADAM_KINDS.get(kind)
+    base = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr}
+    lr = config.adam_kind_lrs.get(kind, record.lr) if record is not None else base[kind]
+    betas = config.adam_kind_betas.get(kind, record.betas if record is not None else config.adam_betas)
+    group = dict(params=params, lr=lr, initial_lr=lr, kind=kind, betas=tuple(betas))
+    if record is not None:
+        group["weight_decay"] = config.adam_weight_decay * record.wd_mul
+    return group
+
+
 def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
     """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
     ``weight_decay``) over the ``matrix`` ones.
@@ -137,15 +153,12 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``), re-mapped by
     :func:`optimizer_kinds` (``muon_attention_gates``). Adam's ε is ``adam_eps`` in every Adam group; each
     Adam group's ``betas`` are ``adam_kind_betas[kind]`` where given, else ``adam_betas`` (the record's
-    per-kind betas, speedrun-spec.md 3.3). Empty groups are left out. Raises ``ValueError`` when a
+    per-kind betas, speedrun-spec.md 3.3); the kinds of records #81-#89 as :func:`adam_group` gives them.
+    Empty groups are left out. Raises ``ValueError`` when a
     parameter has no kind, lands in no optimizer or in two, or goes to Muon without being 2-D.
     """
     by_kind = split_parameters(model, optimizer_kinds(kinds, config))
-    lrs = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr,
-           "matrix": config.muon_lr}
-    adam_groups = [dict(params=by_kind[k], lr=lrs[k], initial_lr=lrs[k], kind=k,
-                        betas=tuple(config.adam_kind_betas.get(k, config.adam_betas)))
-                   for k in ADAM_KINDS if by_kind[k]]
+    adam_groups = [adam_group(kind, by_kind[kind], config) for kind in ALL_ADAM_KINDS if by_kind[kind]]
     muon_groups = muon_param_groups(model, by_kind["matrix"], config)
     device = next(model.parameters()).device
     optimizers: list[torch.optim.Optimizer] = []

@@ -15,7 +15,7 @@ import functools
 from pathlib import Path
 
 PACKAGE = "speedrun"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]        # src/speedrun
 
 
 def _module_file(module: str) -> Path | None:

@@ -20,7 +20,7 @@ request: the command says so on stderr and runs unprotected.
 ``speedrun tokenize`` stops the same way (:func:`stop_on_signals`, :class:`RunStopped`), and its encoding
 workers die with it (:func:`request_parent_death_signal`, :mod:`speedrun.data.encode`).
 
-This module imports no torch: :mod:`speedrun.train` imports it first, so that :data:`PARENT_PID_AT_START` is
+This module imports no torch: :mod:`speedrun.train` (the stage) imports it first, so that :data:`PARENT_PID_AT_START` is
 read before the seconds-long torch import.
 """
 

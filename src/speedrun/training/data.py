@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -15,9 +15,8 @@ from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits
 from speedrun.data.loader import steps_available
 from speedrun.data.shards import load_shard, sha256_file
 from speedrun.errors import SpeedrunError
-from speedrun.planning import cut_documents_hint
-from speedrun.runlog import sha256_text
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
+from speedrun.training.runlog import sha256_text
 
 
 @dataclass(frozen=True)
@@ -78,16 +77,38 @@ def _bos_index(shards_dir: Path, bos_dir: Path, entry: dict[str, Any],
     return positions
 
 
+def cut_documents_hint(fed_steps: int, tokens_per_step: int, train_tokens: int, max_seq_len: int) -> str:
+    """A sentence for a "the shards feed too few steps" error when the steps they feed read less than half
+    of the ``train_tokens`` the shards hold (tokens per step x steps, about, under a batch schedule): the
+    loader cuts documents at ``max_seq_len`` and drops their tails, which on a corpus of long documents
+    (debian-docs: 64% of its tokens at 2,048) is where the data went. Empty otherwise."""
+    used = fed_steps * tokens_per_step
+    if used >= train_tokens / 2:
+        return ""
+    return (f" Those steps read about {used} of the {train_tokens} train tokens: documents longer than "
+            f"max_seq_len {max_seq_len} lose their tails; a larger max_seq_len uses more of them.")
+
+
+def steps_fed(steps: int, micro_batches: int, stages: Sequence[tuple[int, int, int]], lengths: Sequence[int],
+              bos: Sequence[np.ndarray]) -> int:
+    """How many of ``steps`` optimizer steps the train shards feed (at most ``steps``), the BOS-aligned loader
+    simulated exactly (:func:`speedrun.data.loader.steps_available`; no token is read). ``stages``: ``(first
+    step, tokens per step, max_seq_len)`` per batch stage (:meth:`TrainConfig.batch_stages`); ``lengths``: the
+    train shards' tokens; ``bos``: their BOS positions (int64)."""
+    per_pass = [(first, tokens // micro_batches, seq_len) for first, tokens, seq_len in stages]
+    return steps_available(list(lengths), list(bos), per_pass[0][1], per_pass[0][2], micro_batches, steps, per_pass)
+
+
 def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
     """Raise :class:`SpeedrunError` unless the train shards feed all ``steps`` and the validation shard
-    holds ``val_tokens + 1`` tokens (planning only, no token is read)."""
-    stages = [(first, tokens // config.micro_batches, seq_len) for first, tokens, seq_len in config.batch_stages()]
-    fed = steps_available([len(s) for s in data.train_shards], data.train_bos, stages[0][1], stages[0][2],
-                          config.micro_batches, config.steps, stages)
+    holds ``val_tokens + 1`` tokens (:func:`steps_fed`; the same check the workflow makes at planning time,
+    :func:`speedrun.workflow.planning.check_training_data`, before the data is loaded)."""
+    fed = steps_fed(config.steps, config.micro_batches, config.batch_stages(), [len(s) for s in data.train_shards],
+                    data.train_bos)
     if fed < config.steps:
         hint = cut_documents_hint(fed, config.tokens_per_step, sum(map(len, data.train_shards)), config.max_seq_len)
         raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
                             f"than train.steps = {config.steps}; add shards or lower steps.{hint}")
-    if len(data.val_tokens) < config.val_tokens + 1:
+    if len(data.val_tokens) < config.evaluation.val_tokens + 1:
         raise SpeedrunError(f"the validation shard holds {len(data.val_tokens)} tokens, fewer than "
-                            f"train.val_tokens + 1 = {config.val_tokens + 1}")
+                            f"train.val_tokens + 1 = {config.evaluation.val_tokens + 1}")

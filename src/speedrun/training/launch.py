@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from speedrun.errors import SpeedrunError
-from speedrun.train_config import TrainConfig
+from speedrun.training.config import TrainConfig
 
 
 class Launch:

@@ -1,6 +1,14 @@
 """The settings of ``speedrun train`` (config.yaml ``train`` with a variant's overrides): :class:`TrainConfig`,
 its validation, and the ``--config`` argument that carries it (a JSON object or a JSON/YAML file).
 
+In config.yaml and on the command line the settings are one flat mapping (``train.muon_lr``); in the code
+they are grouped into typed sections: the run's sizes on :class:`TrainConfig` itself, ``optimizer``
+(:class:`speedrun.optim.config.OptimConfig`, the one declaration of the optimizers' settings), ``schedule``
+(:class:`ScheduleSettings`), ``evaluation`` (:class:`EvalSettings`) and ``compute`` (:class:`ComputeSettings`).
+Each field is documented once, where it is declared, and its default is there (the workflow's schema
+documents and validates the same keys without defaults: tests/test_train_config.py checks that they
+correspond). :meth:`TrainConfig.from_dict` and :meth:`TrainConfig.settings` map between the two forms.
+
 Every check runs once, when the config is built, and raises :class:`speedrun.errors.SpeedrunError` naming the
 setting (``train.<name>``), the value and what was expected.
 """
@@ -12,11 +20,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import ADAM_KINDS, ORTHOGONALIZERS, OptimConfig, ScheduleConfig
+from speedrun.optim.config import ALL_ADAM_KINDS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig, ScheduleConfig
 from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
@@ -25,59 +33,86 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """The training settings of one variant (config.yaml ``train`` with the variant's overrides).
+class ScheduleSettings:
+    """What changes over the steps: the batch size, the learning rates and Muon's momentum
+    (:func:`speedrun.optim.schedules.lr_factor`, :func:`~speedrun.optim.schedules.momentum`), the attention
+    windows and the untying of the embedding. Each schedule of equal stages splits the steps into as many
+    equal parts (:func:`speedrun.optim.schedules.stage_index`); a staged schedule with stages of their own
+    durations would be one more field here."""
 
-    Sizes: ``steps`` optimizer steps of ``tokens_per_step`` tokens in ``micro_batches`` forward passes over
-    all ranks; documents cut at ``max_seq_len`` tokens; ``val_tokens`` validation tokens in chunks of
-    ``val_batch_tokens`` per rank, every ``val_every`` steps (0: only at step 0 and the last). Model:
-    ``preset`` with ``model`` overrides (:class:`speedrun.model.config.GPTConfig` fields), the rotary tables
-    sized to the run unless ``model`` sets ``rotary_positions`` (:meth:`model_config`). Optimizers
-    (:class:`speedrun.optim.groups.OptimConfig`): AdamW ``embed_lr``, ``head_lr``, ``scalar_lr``,
-    ``adam_betas``; Muon ``muon_lr``, ``muon_momentum`` (reached after ``momentum_warmup_steps`` from 0.85,
-    and back down to 0.85 over the last ``momentum_cooldown_steps``: the record's 300 and 50, speedrun-spec.md
-    3.5; 0: no cooldown), ``orthogonalizer``, ``normuon_beta2`` (null: plain Muon; records #41-#48 use NorMuon
-    with 0.9); ``weight_decay`` (Muon's; the record 1.2) and ``adam_weight_decay`` (Adam's; the record 0.005),
-    decoupled or, with ``cautious_weight_decay``, cautious (records #43, #50); ``langevin_noise``: the initial
-    scale of NorMuon's annealed Langevin noise (2026-06-11 record; 0: off, :mod:`speedrun.optim.langevin`),
-    seeded by the run's seed; ``shard_muon``: on several ranks, each rank updates a slice of every bank of
-    matrices (reduce-scatter, update, all-gather; speedrun-spec.md 3.4); ``mlp_proj_lr_mul``: an extra lr
-    factor for the MLP output matrices (the record's 4: it stores them as (4C, C), shape factor 2, and doubles
-    that, speedrun-spec.md 3.2; ours are (C, 4C), shape factor 1); ``mlp_fc_lr_mul``: the same for the MLP
-    input matrices, whose (4C, C) layout keeps Muon's shape factor 2 on top (record #28, 2025-08-23
-    SparseAttnGate, its train_gpt.py: 0.5, since it stores c_fc as (C, 4C), shape factor 1);
-    ``adam_eps``: Adam's ε (> 0) in units of the gradient of the mean loss (nats/token); record #28's ε 1e-10
-    on its summed loss is 1e-10·W/393216 here on W GPUs (2.54e-16 on one, :class:`speedrun.optim.config.
-    OptimConfig`);
-    ``adam_kind_betas``: Adam kind (``embed``, ``head``, ``scalar``) -> a ``[beta1, beta2]`` pair (each in
-    [0, 1)) for that kind's Adam group, overriding ``adam_betas``; empty: ``adam_betas`` for all. The current
-    record's per-parameter table (speedrun-spec.md 3.3) is ``{head: [0.5, 0.95], embed: [0.75, 0.95],
-    scalar: [0.9, 0.99]}``: lm_head and the token embedding (0.5, 0.95), the value and bigram tables
-    (0.75, 0.95), the scalars and gates (0.9, 0.99). Our token embedding is of kind ``head`` while tied and
-    after ``untie_step``; only a model untied from the start trains it as ``embed``, with the tables' betas,
-    not the record's (0.5, 0.95) (:meth:`speedrun.model.gpt.GPT.parameter_kinds`);
-    ``muon_attention_gates``: train the attention output gates' (H, 12) weights with Muon at ``muon_lr``
-    instead of Adam at ``scalar_lr`` (record #28's ``dampen``; needs ``model.attention_gate_layers``).
-    LR schedule (:func:`speedrun.optim.schedules.lr_factor`): every base lr times the multiplier of its stage
-    in ``lr_stage_multipliers``, one per equal stage of the steps (the record's 1.0, 1.52, 1.73 with its three
-    batch-size stages; empty: 1.0 throughout), then over the last ``cooldown_frac`` of the steps linear from
-    that multiplier down to ``lr_floor`` times the base (absolute, not scaled by the stage: the record's
-    cooldown_frac 0.6 and floor 0.15). Attention windows (:func:`speedrun.optim.schedules.window_blocks`,
-    records #13, #31, #33): ``window_schedule``, a list of ``[short, long]`` windows in blocks, one per equal
-    stage of the steps (empty: the model's fixed windows), and ``final_window_long_blocks``, the long window
-    at the final validation (null: unchanged); both need the model's ``window_pattern``. ``untie_step``: with
-    the model's ``tie_embed_head``, the step at which the embedding is untied from the head and inherits its
-    Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later: never untied, as in
-    a smoke run of a few steps, the optimizer steps being 0 to steps - 1). ``dtype``: autocast dtype of the matrix products (``float32`` disables
-    autocast); ``auto``, the default, is ``bfloat16`` on CUDA and ``float32`` on a CPU (:func:`resolve_dtype`),
-    resolved once the device is (:meth:`resolved_for`). ``compile``: ``torch.compile`` the model (one
-    static-shape graph per batch shape and window setting, all compiled in the untimed warm-up);
-    ``compile_mode``: the ``torch.compile`` mode, ``default`` as in the public records (their rules ban other
-    compile flags);
-    ``reduce-overhead`` replays CUDA graphs (less launch overhead), ``max-autotune-no-cudagraphs`` tunes the
-    matrix products (longer compile): for measuring, not for record runs. ``batch_schedule``:
-    the batch-size schedule (records #46, #72), one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
-    the steps; when set it replaces ``tokens_per_step`` and ``max_seq_len`` (empty: constant).
+    batch_schedule: tuple[tuple[int, int], ...] = ()
+    """Batch-size schedule (records #46, #72): one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
+    the steps, replacing ``tokens_per_step`` and ``max_seq_len`` (empty: constant)."""
+    lr_stage_multipliers: tuple[float, ...] = ()
+    """Every base lr times the multiplier of its equal stage of the steps (the record's 1.0, 1.52, 1.73 with
+    its three batch-size stages, speedrun-spec.md 3.5; empty: 1.0 throughout), until the cooldown."""
+    cooldown_frac: float = 0.4
+    """Over the last ``cooldown_frac`` of the steps the lr goes linearly from the stage's multiplier down to
+    ``lr_floor`` (the record: 0.6)."""
+    lr_floor: float = 0.0
+    """The lr factor at the end of the cooldown, absolute, not scaled by the stage (the record: 0.15)."""
+    momentum_warmup_steps: int = 300
+    """Steps over which Muon's momentum rises from 0.85 to ``muon_momentum`` (the record: 300)."""
+    momentum_cooldown_steps: int = 0
+    """Last steps over which Muon's momentum falls back to 0.85 (the record: 50; 0: no cooldown)."""
+    window_schedule: tuple[tuple[int, int], ...] = ()
+    """Attention windows (:func:`speedrun.optim.schedules.window_blocks`, records #13, #31, #33): one
+    ``[short, long]`` pair of windows in blocks per equal stage of the steps, short <= long (empty: the
+    model's fixed windows); needs the model's ``window_pattern``. More stages than steps are accepted: a
+    smoke run (a few steps of a full config) skips the later ones."""
+    final_window_long_blocks: int | None = None
+    """The long window, in blocks, at the final validation (null: unchanged); at least that validation's short
+    window; needs the model's ``window_pattern``."""
+    untie_step: int | None = None
+    """With the model's ``tie_embed_head``, the step at which the embedding is untied from the head and
+    inherits its Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later:
+    never untied, as in a smoke run, the optimizer steps being 0 to steps - 1)."""
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The validation: ``val_tokens`` tokens of the validation shard in chunks of ``val_batch_tokens`` per
+    rank, at step 0, every ``val_every`` steps and at the last step (speedrun-spec.md 1.4)."""
+
+    val_tokens: int = 32768
+    """Validation tokens, from the start of the validation shard (the public metric: 10,485,760); a multiple
+    of ``val_batch_tokens`` x ``world_size``."""
+    val_batch_tokens: int = 1024
+    """Validation tokens per forward pass per rank."""
+    val_every: int = 20
+    """Validate every this many steps, besides step 0 and the last step (0: only those two)."""
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """Where and how the matrix products run."""
+
+    device: DeviceChoice = "cpu"
+    """``cpu``, ``cuda``, or ``auto`` (CUDA when torch sees a GPU)."""
+    dtype: ComputeDtype = "auto"
+    """Autocast dtype of the matrix products (``float32`` disables autocast); ``auto`` is ``bfloat16`` on CUDA
+    and ``float32`` on a CPU (:func:`resolve_dtype`), resolved once the device is (:meth:`TrainConfig.
+    resolved_for`)."""
+    compile: bool = False
+    """``torch.compile`` the model: one static-shape graph per batch shape and window setting, all compiled in
+    the untimed warm-up."""
+    compile_mode: CompileMode = "default"
+    """The ``torch.compile`` mode: ``default`` as in the public records (their rules ban other compile flags);
+    ``reduce-overhead`` replays CUDA graphs, ``max-autotune-no-cudagraphs`` tunes the matrix products (longer
+    compile): for measuring, not for record runs."""
+
+
+# The sections of TrainConfig, by field name; a flat setting's section is the one that declares it.
+SECTIONS: dict[str, type] = {"optimizer": OptimConfig, "schedule": ScheduleSettings, "evaluation": EvalSettings,
+                             "compute": ComputeSettings}
+# Fields of a section that are not training settings: set per run (OptimConfig.langevin_seed: the run's seed).
+PER_RUN_FIELDS = frozenset({"langevin_seed"})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training settings of one variant (config.yaml ``train`` with the variant's overrides), in typed
+    sections (module docstring); build it from the flat settings with :meth:`from_dict`.
 
     Raises :class:`SpeedrunError` naming the setting on a wrong type or value, on a batch that does not
     divide: micro_batches % world_size, tokens_per_step % micro_batches, val_tokens % (val_batch_tokens *
@@ -89,88 +124,94 @@ class TrainConfig:
     """
 
     preset: str = "tiny"
+    """Model preset (:data:`speedrun.model.config.PRESETS`)."""
     model: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides of the preset (:class:`speedrun.model.config.GPTConfig` fields); the rotary tables are sized
+    to the run unless it sets ``rotary_positions`` (:meth:`model_config`)."""
     steps: int = 60
+    """Optimizer steps."""
     tokens_per_step: int = 4096
+    """Tokens of one optimizer step over all ranks, whatever the world size."""
     micro_batches: int = 4
+    """Forward passes per step over all ranks (gradient accumulation: micro_batches / world_size each)."""
     max_seq_len: int = 1024
-    val_tokens: int = 32768
-    val_batch_tokens: int = 1024
-    val_every: int = 20
+    """Longest document in a batch, in tokens; longer ones are cut."""
     world_size: int = 1
-    device: DeviceChoice = "cpu"
-    compile: bool = False
-    compile_mode: CompileMode = "default"
-    dtype: ComputeDtype = "auto"
-    embed_lr: float = 0.6
-    head_lr: float = 0.008
-    scalar_lr: float = 0.04
-    adam_betas: tuple[float, float] = (0.8, 0.95)
-    adam_eps: float = 1e-10
-    adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    muon_lr: float = 0.05
-    muon_momentum: float = 0.95
-    momentum_warmup_steps: int = 300
-    momentum_cooldown_steps: int = 0
-    weight_decay: float = 0.0
-    adam_weight_decay: float = 0.0
-    langevin_noise: float = 0.0
-    shard_muon: bool = True
-    mlp_proj_lr_mul: float = 1.0
-    mlp_fc_lr_mul: float = 1.0
-    muon_attention_gates: bool = False
-    cooldown_frac: float = 0.4
-    lr_floor: float = 0.0
-    lr_stage_multipliers: tuple[float, ...] = ()
-    orthogonalizer: str = "polar_express"
-    normuon_beta2: float | None = None
-    cautious_weight_decay: bool = False
-    window_schedule: tuple[tuple[int, int], ...] = ()
-    final_window_long_blocks: int | None = None
-    untie_step: int | None = None
-    batch_schedule: tuple[tuple[int, int], ...] = ()
+    """Processes of the run (torchrun's); it must divide ``micro_batches``."""
+    optimizer: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizers' learning rates and hyperparameters (:class:`speedrun.optim.config.OptimConfig`)."""
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    """What changes over the steps (:class:`ScheduleSettings`)."""
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    """The validation (:class:`EvalSettings`)."""
+    compute: ComputeSettings = field(default_factory=ComputeSettings)
+    """Device, dtype and compilation (:class:`ComputeSettings`)."""
+
+    @classmethod
+    def setting_names(cls) -> dict[str, str | None]:
+        """Every training setting (a key of config.yaml ``train``, flat) -> the section that holds it (None:
+        :class:`TrainConfig` itself), in declaration order."""
+        names: dict[str, str | None] = {}
+        for f in dataclasses.fields(cls):
+            if f.name in SECTIONS:
+                names.update({g.name: f.name for g in dataclasses.fields(SECTIONS[f.name])
+                              if g.name not in PER_RUN_FIELDS})
+            else:
+                names[f.name] = None
+        return names
+
+    def setting(self, name: str) -> Any:
+        """The value of the flat setting ``name`` (a key of :meth:`setting_names`)."""
+        section = self.setting_names()[name]
+        return getattr(self if section is None else getattr(self, section), name)
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting, flat (the form of config.yaml ``train`` and of ``--config``)."""
+        return {name: self.setting(name) for name in self.setting_names()}
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
                      "val_batch_tokens", "world_size"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("val_every", self.val_every, 0)
-        _check_int("momentum_warmup_steps", self.momentum_warmup_steps, 0)
-        _check_int("momentum_cooldown_steps", self.momentum_cooldown_steps, 0)
+            _check_int(name, self.setting(name), 1)
+        _check_int("val_every", self.evaluation.val_every, 0)
+        _check_int("momentum_warmup_steps", self.schedule.momentum_warmup_steps, 0)
+        _check_int("momentum_cooldown_steps", self.schedule.momentum_cooldown_steps, 0)
         for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
                      "langevin_noise", "mlp_proj_lr_mul", "mlp_fc_lr_mul"):
-            _check_number(name, getattr(self, name), 0.0, math.inf)
+            _check_number(name, self.setting(name), 0.0, math.inf)
         for name in ("cooldown_frac", "lr_floor"):
-            _check_number(name, getattr(self, name), 0.0, 1.0)
-        _check_number("muon_momentum", self.muon_momentum, 0.0, 1.0, open_high=True)
-        if not isinstance(self.lr_stage_multipliers, tuple):
+            _check_number(name, self.setting(name), 0.0, 1.0)
+        _check_number("muon_momentum", self.optimizer.muon_momentum, 0.0, 1.0, open_high=True)
+        if not isinstance(self.schedule.lr_stage_multipliers, tuple):
             raise SpeedrunError(f"train.lr_stage_multipliers must be a list of numbers, one per equal stage of "
-                                f"the steps, got {_written(self.lr_stage_multipliers)}")
-        for multiplier in self.lr_stage_multipliers:
+                                f"the steps, got {_written(self.schedule.lr_stage_multipliers)}")
+        for multiplier in self.schedule.lr_stage_multipliers:
             _check_number("lr_stage_multipliers", multiplier, 0.0, math.inf)
-        if not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2:
-            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], got {_written(self.adam_betas)}")
-        for beta in self.adam_betas:
+        if not isinstance(self.optimizer.adam_betas, tuple) or len(self.optimizer.adam_betas) != 2:
+            raise SpeedrunError(f"train.adam_betas must be a pair [beta1, beta2], "
+                                f"got {_written(self.optimizer.adam_betas)}")
+        for beta in self.optimizer.adam_betas:
             _check_number("adam_betas", beta, 0.0, 1.0, open_high=True)
         self._check_adam_kind_betas()
-        ok = isinstance(self.adam_eps, (int, float)) and not isinstance(self.adam_eps, bool)
-        if not ok or not 0.0 < self.adam_eps < math.inf:
-            raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), got {self.adam_eps!r}"
-                                f"{number_text_hint(self.adam_eps)}")
+        ok = isinstance(self.optimizer.adam_eps, (int, float)) and not isinstance(self.optimizer.adam_eps, bool)
+        if not ok or not 0.0 < self.optimizer.adam_eps < math.inf:
+            raise SpeedrunError(f"train.adam_eps must be a finite number > 0 (Adam's ε), "
+                                f"got {self.optimizer.adam_eps!r}"
+                                f"{number_text_hint(self.optimizer.adam_eps)}")
         for name in ("compile", "cautious_weight_decay", "shard_muon", "muon_attention_gates"):
-            if not isinstance(getattr(self, name), bool):
-                raise SpeedrunError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.normuon_beta2 is not None:
-            _check_number("normuon_beta2", self.normuon_beta2, 0.0, 1.0, open_high=True)
+            if not isinstance(self.setting(name), bool):
+                raise SpeedrunError(f"train.{name} must be true or false, got {self.setting(name)!r}")
+        if self.optimizer.normuon_beta2 is not None:
+            _check_number("normuon_beta2", self.optimizer.normuon_beta2, 0.0, 1.0, open_high=True)
         _check_choice("preset", self.preset, tuple(PRESETS))
-        _check_choice("device", self.device, get_args(DeviceChoice))
-        _check_choice("dtype", self.dtype, get_args(ComputeDtype))
-        _check_choice("compile_mode", self.compile_mode, get_args(CompileMode))
-        _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
+        _check_choice("device", self.compute.device, get_args(DeviceChoice))
+        _check_choice("dtype", self.compute.dtype, get_args(ComputeDtype))
+        _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
+        _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self._check_device()
-        if self.muon_attention_gates and not self._preset_model().attention_gate_layers:
+        if self.optimizer.muon_attention_gates and not self._preset_model().attention_gate_layers:
             raise SpeedrunError("train.muon_attention_gates needs a model with attention gates "
                                 "(model.attention_gate_layers is empty)")
         self._check_schedules()
@@ -183,28 +224,40 @@ class TrainConfig:
 
     def _check_device(self) -> None:
         backend = self._preset_model().attention_backend
-        if self.device == "cpu" and backend in ("flex", "varlen", "fa3", "fa4"):
+        if self.compute.device == "cpu" and backend in ("flex", "varlen", "fa3", "fa4"):
             raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (it has no CPU "
                                 f"kernel with a backward), and train.device is 'cpu': set train.device: cuda, or "
                                 f"train.model: {{attention_backend: sdpa_docs}} (or auto) on a CPU")
 
     def _check_adam_kind_betas(self) -> None:
-        betas = self.adam_kind_betas
+        """``adam_kind_betas`` maps Adam kinds (:data:`ALL_ADAM_KINDS`) to [beta1, beta2] pairs and
+        ``adam_kind_lrs`` the records' kinds (:data:`RECORD_ADAM_KINDS`) to lrs >= 0."""
+        betas = self.optimizer.adam_kind_betas
         if not isinstance(betas, Mapping):
             raise SpeedrunError(f"train.adam_kind_betas must be a mapping from Adam kind "
-                                f"({', '.join(ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
+                                f"({', '.join(ALL_ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
         for kind, pair in betas.items():
-            if kind not in ADAM_KINDS:
+            if kind not in ALL_ADAM_KINDS:
                 raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
-                                    f"{', '.join(ADAM_KINDS)}")
+                                    f"{', '.join(ALL_ADAM_KINDS)}")
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], "
                                     f"got {_written(pair)}")
             for beta in pair:
                 _check_number(f"adam_kind_betas.{kind}", beta, 0.0, 1.0, open_high=True)
+        lrs = self.optimizer.adam_kind_lrs
+        if not isinstance(lrs, Mapping):
+            raise SpeedrunError(f"train.adam_kind_lrs must be a mapping from Adam kind "
+                                f"({', '.join(RECORD_ADAM_KINDS)}) to a learning rate, got {_written(lrs)}")
+        for kind, lr in lrs.items():
+            if kind not in RECORD_ADAM_KINDS:
+                raise SpeedrunError(f"train.adam_kind_lrs has an unknown Adam kind {kind!r}; expected one of "
+                                    f"{', '.join(RECORD_ADAM_KINDS)} (embed, head and scalar take embed_lr, "
+                                    f"head_lr and scalar_lr)")
+            _check_number(f"adam_kind_lrs.{kind}", lr, 0.0, math.inf)
 
     def _check_schedules(self) -> None:
-        schedule = self.window_schedule
+        schedule = self.schedule.window_schedule
         if not isinstance(schedule, tuple) or not all(
                 isinstance(pair, tuple) and len(pair) == 2 and all(
                     isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair) for pair in schedule):
@@ -215,19 +268,19 @@ class TrainConfig:
                 raise SpeedrunError(f"train.window_schedule stage {index + 1} of {len(schedule)} is "
                                     f"{_written((short, long))}: its short window is longer than its long one; "
                                     f"each stage is [short, long] with short <= long")
-        if self.final_window_long_blocks is not None:
-            _check_int("final_window_long_blocks", self.final_window_long_blocks, 1)
-        if self.untie_step is not None:
-            _check_int("untie_step", self.untie_step, 0)
+        if self.schedule.final_window_long_blocks is not None:
+            _check_int("final_window_long_blocks", self.schedule.final_window_long_blocks, 1)
+        if self.schedule.untie_step is not None:
+            _check_int("untie_step", self.schedule.untie_step, 0)
             if not self._preset_model().tie_embed_head:
                 raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
-        batches = self.batch_schedule
+        batches = self.schedule.batch_schedule
         if not isinstance(batches, tuple) or not all(
                 isinstance(pair, tuple) and len(pair) == 2 and all(
                     isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
             raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
                                 f"positive integers, got {_written(batches)}")
-        if (schedule or self.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
+        if (schedule or self.schedule.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
         self._check_final_window()
@@ -236,14 +289,14 @@ class TrainConfig:
         """Raise :class:`SpeedrunError` for a ``final_window_long_blocks`` below the final validation's short
         window (in blocks; :meth:`window_blocks_at`): the short window of the last step's ``window_schedule``
         stage, else the model's ``window_short_blocks``; as for a stage whose short window exceeds its long one."""
-        final = self.final_window_long_blocks
+        final = self.schedule.final_window_long_blocks
         if final is None:
             return
-        if self.window_schedule:        # the stage window_blocks takes at step == steps (steps >= 1 here)
-            index = stage_index(self.steps - 1, self.steps, len(self.window_schedule))
-            short = self.window_schedule[index][0]
-            source = (f"train.window_schedule stage {index + 1} of {len(self.window_schedule)}, "
-                      f"{_written(self.window_schedule[index])}, the stage of the last step")
+        if self.schedule.window_schedule:        # the stage window_blocks takes at step == steps (steps >= 1 here)
+            index = stage_index(self.steps - 1, self.steps, len(self.schedule.window_schedule))
+            short = self.schedule.window_schedule[index][0]
+            source = (f"train.window_schedule stage {index + 1} of {len(self.schedule.window_schedule)}, "
+                      f"{_written(self.schedule.window_schedule[index])}, the stage of the last step")
         else:
             short = self._preset_model().window_short_blocks
             source = f"model.window_short_blocks {short}"
@@ -256,17 +309,18 @@ class TrainConfig:
         if self.micro_batches % self.world_size:
             raise SpeedrunError(f"train.micro_batches {self.micro_batches} is not a multiple of "
                                 f"train.world_size {self.world_size}")
-        if len(self.batch_schedule) > self.steps:
-            raise SpeedrunError(f"train.batch_schedule has {len(self.batch_schedule)} stages for "
+        if len(self.schedule.batch_schedule) > self.steps:
+            raise SpeedrunError(f"train.batch_schedule has {len(self.schedule.batch_schedule)} stages for "
                                 f"{self.steps} steps; each stage needs at least one step")
-        where = "train.batch_schedule: " if self.batch_schedule else "train."
+        where = "train.batch_schedule: " if self.schedule.batch_schedule else "train."
         for _, tokens, _ in self.batch_stages():
             if tokens % self.micro_batches:
                 raise SpeedrunError(f"{where}tokens_per_step {tokens} is not a multiple of "
                                     f"train.micro_batches {self.micro_batches}")
-        if self.val_tokens % (self.val_batch_tokens * self.world_size):
-            raise SpeedrunError(f"train.val_tokens {self.val_tokens} is not a multiple of val_batch_tokens x "
-                                f"world_size = {self.val_batch_tokens * self.world_size}")
+        if self.evaluation.val_tokens % (self.evaluation.val_batch_tokens * self.world_size):
+            raise SpeedrunError(f"train.val_tokens {self.evaluation.val_tokens} is not a multiple of "
+                                f"val_batch_tokens x "
+                                f"world_size = {self.evaluation.val_batch_tokens * self.world_size}")
 
     def _check_rotary_positions(self) -> None:
         given, needed = self._preset_model().rotary_positions, self.rotary_positions()
@@ -276,9 +330,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, settings: Mapping[str, Any]) -> "TrainConfig":
-        """Build from a mapping of settings (missing ones take the defaults). Raises :class:`SpeedrunError`
-        naming an unknown key, with the valid keys."""
-        names = [f.name for f in dataclasses.fields(cls)]
+        """Build from a flat mapping of settings (missing ones take the defaults). Raises
+        :class:`SpeedrunError` naming an unknown key, with the valid keys."""
+        names = cls.setting_names()
         for key in settings:
             if key not in names:
                 raise SpeedrunError(f"unknown training setting {key!r}; expected one of {', '.join(names)}")
@@ -292,7 +346,9 @@ class TrainConfig:
         for key in ("window_schedule", "batch_schedule"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])
-        return cls(**values)
+        sections = {section: SECTIONS[section](**{k: v for k, v in values.items() if names[k] == section})
+                    for section in SECTIONS}
+        return cls(**{k: v for k, v in values.items() if names[k] is None}, **sections)
 
     def resolved_for(self, device: Any) -> "TrainConfig":
         """This config with ``dtype`` resolved for ``device`` (a ``torch.device`` or its type, ``"cpu"`` or
@@ -301,7 +357,8 @@ class TrainConfig:
         with, and what its log's ``config`` header shows. Call it once the device is resolved (``device:
         auto``)."""
         device_type = device if isinstance(device, str) else device.type
-        resolved = dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device_type))
+        compute = dataclasses.replace(self.compute, dtype=resolve_dtype(self.compute.dtype, device_type))
+        resolved = dataclasses.replace(self, compute=compute)
         backend = self._preset_model().attention_backend
         if backend != "auto":
             return resolved
@@ -318,7 +375,7 @@ class TrainConfig:
     def batch_stages(self) -> list[tuple[int, int, int]]:
         """``(first_step, tokens_per_step, max_seq_len)`` per stage of the batch-size schedule
         (:func:`speedrun.optim.schedules.batch_stages`; one stage without a schedule)."""
-        return batch_stages(self.steps, self.batch_schedule, self.tokens_per_step, self.max_seq_len)
+        return batch_stages(self.steps, self.schedule.batch_schedule, self.tokens_per_step, self.max_seq_len)
 
     def batch_at(self, step: int) -> tuple[int, int]:
         """``(tokens_per_step, max_seq_len)`` of ``step``."""
@@ -344,34 +401,33 @@ class TrainConfig:
         (val_batch_tokens), doubled when the model pairs heads (the doubled sequence has positions up to
         2T-1; see :class:`speedrun.model.config.GPTConfig` ``rotary_positions``)."""
         train = [tokens // self.micro_batches for _, tokens, _ in self.batch_stages()]
-        tokens = max(train + [self.val_batch_tokens])
+        tokens = max(train + [self.evaluation.val_batch_tokens])
         return 2 * tokens if self._preset_model().paired_head_layers else tokens
 
     def window_blocks_at(self, step: int) -> tuple[int, int] | None:
         """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when
         the model keeps its windows."""
-        if self.window_schedule:
-            return window_blocks(step, self.steps, self.window_schedule, self.final_window_long_blocks)
-        if step == self.steps and self.final_window_long_blocks is not None:
+        if self.schedule.window_schedule:
+            return window_blocks(step, self.steps, self.schedule.window_schedule,
+                                 self.schedule.final_window_long_blocks)
+        if step == self.steps and self.schedule.final_window_long_blocks is not None:
             model = self.model_config()
-            return model.window_short_blocks, self.final_window_long_blocks
+            return model.window_short_blocks, self.schedule.final_window_long_blocks
         return None
 
-    def optim_config(self) -> OptimConfig:
-        """The :class:`OptimConfig` fields that are training settings of the same name (the rest, e.g.
-        ``langevin_seed``, keep their defaults)."""
-        shared = {f.name for f in dataclasses.fields(OptimConfig)} & {f.name for f in dataclasses.fields(self)}
-        return OptimConfig(**{name: getattr(self, name) for name in shared})
-
     def schedule_config(self) -> ScheduleConfig:
-        return ScheduleConfig(steps=self.steps, cooldown_frac=self.cooldown_frac, lr_floor=self.lr_floor,
-                              momentum_warmup_steps=self.momentum_warmup_steps,
-                              momentum_end=self.muon_momentum, lr_stage_multipliers=self.lr_stage_multipliers,
-                              momentum_cooldown_steps=self.momentum_cooldown_steps)
+        """The step schedules of :mod:`speedrun.optim.schedules` for this run."""
+        schedule = self.schedule
+        return ScheduleConfig(steps=self.steps, cooldown_frac=schedule.cooldown_frac, lr_floor=schedule.lr_floor,
+                              momentum_warmup_steps=schedule.momentum_warmup_steps,
+                              momentum_end=self.optimizer.muon_momentum,
+                              lr_stage_multipliers=schedule.lr_stage_multipliers,
+                              momentum_cooldown_steps=schedule.momentum_cooldown_steps)
 
     def to_json(self) -> str:
-        """One line of JSON: every setting, with ``model`` resolved to the full model config."""
-        settings = dataclasses.asdict(self)
+        """One line of JSON: every setting, flat (:meth:`settings`), with ``model`` resolved to the full model
+        config."""
+        settings = json.loads(json.dumps(self.settings()))
         settings["model"] = dataclasses.asdict(self.model_config())
         return json.dumps(settings, sort_keys=True, separators=(",", ":"))
 

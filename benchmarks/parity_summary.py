@@ -1,0 +1,99 @@
+"""Compare the logs of a record's own script with ours on the same data and schedule (issue 20's parity check).
+
+    python benchmarks/parity_summary.py --reference R1.txt R2.txt --ours O1.txt [O2.txt] \\
+        [--boundaries 0,35,70,105,120] [--json OUT.json]
+
+Each log is read with :func:`speedrun.analysis.logs.parse_log` (a record's ``logs/<uuid>.txt`` or our run log).
+Printed, for every validation step present in a reference log: the reference runs' val_loss, their spread
+(max - min), our runs' mean, the difference and the tolerance max(0.02, 2 x spread) of issue 20, and whether ours is
+within it; then the median step time (ms, from consecutive train lines' train_time) per stage of ``--boundaries``
+(the first two steps of each stage left out: a new batch shape's first steps), reference and ours. A log cut short
+(a run that stopped) is compared over the steps it has, and the table says which steps a side is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from speedrun.analysis.logs import parse_log
+
+
+def val_losses(path: Path) -> dict[int, float]:
+    """step -> val_loss of the log at ``path``."""
+    metrics = parse_log(path).metrics
+    rows = metrics[metrics["kind"] == "val"]
+    return {int(s): float(v) for s, v in zip(rows["step"], rows["val_loss"])}
+
+
+def step_times(path: Path) -> dict[int, float]:
+    """step -> its own time in ms (train_time of step s minus that of step s-1) for consecutive train lines."""
+    metrics = parse_log(path).metrics
+    rows = metrics[metrics["kind"] == "train"]
+    cumulative = {int(s): float(t) for s, t in zip(rows["step"], rows["train_time_ms"])}
+    return {s: t - cumulative[s - 1] for s, t in cumulative.items() if s - 1 in cumulative}
+
+
+def stage_medians(times: list[dict[int, float]], boundaries: list[int]) -> list[float | None]:
+    """Median step time (ms) per stage [b_i + 2, b_{i+1}] over every run's steps; None where a stage has none."""
+    medians = []
+    for start, end in zip(boundaries, boundaries[1:]):
+        values = [t for run in times for s, t in run.items() if start + 2 <= s <= end]
+        medians.append(statistics.median(values) if values else None)
+    return medians
+
+
+def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> dict:
+    """The comparison as a dict (``rows`` per validation step, ``stages`` with both sides' medians)."""
+    ref_vals = [val_losses(p) for p in reference]
+    our_vals = [val_losses(p) for p in ours]
+    rows = []
+    for step in sorted(set().union(*ref_vals)):
+        ref = [v[step] for v in ref_vals if step in v]
+        mine = [v[step] for v in our_vals if step in v]
+        spread = max(ref) - min(ref) if len(ref) > 1 else None
+        tolerance = max(0.02, 2 * spread) if spread is not None else 0.02
+        mean_ours = statistics.fmean(mine) if mine else None
+        diff = None if mean_ours is None else mean_ours - statistics.fmean(ref)
+        rows.append({"step": step, "reference": ref, "spread": spread, "ours": mine, "diff": diff,
+                     "tolerance": tolerance, "within": None if diff is None else abs(diff) <= tolerance})
+    stages = {"boundaries": boundaries,
+              "reference_ms": stage_medians([step_times(p) for p in reference], boundaries),
+              "ours_ms": stage_medians([step_times(p) for p in ours], boundaries)}
+    return {"reference": [str(p) for p in reference], "ours": [str(p) for p in ours], "rows": rows,
+            "stages": stages}
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", nargs="+", type=Path, required=True)
+    parser.add_argument("--ours", nargs="+", type=Path, required=True)
+    parser.add_argument("--boundaries", default="0,35,70,105,120",
+                        help="stage boundaries in steps (default: a record's 3 stages over 105 + 15 steps)")
+    parser.add_argument("--json", type=Path, help="also write the comparison as JSON here")
+    args = parser.parse_args()
+    result = compare(args.reference, args.ours, [int(b) for b in args.boundaries.split(",")])
+    print("step  reference runs        spread  ours runs             diff     tol     within")
+    for r in result["rows"]:
+        ref = " ".join(_fmt(v) for v in r["reference"])
+        mine = " ".join(_fmt(v) for v in r["ours"]) or "(missing)"
+        print(f"{r['step']:>4}  {ref:<20}  {_fmt(r['spread']):>6}  {mine:<20}  {_fmt(r['diff']):>7}  "
+              f"{r['tolerance']:.3f}   {r['within']}")
+    stages = result["stages"]
+    for i, (ref, mine) in enumerate(zip(stages["reference_ms"], stages["ours_ms"])):
+        lo, hi = stages["boundaries"][i], stages["boundaries"][i + 1]
+        print(f"stage {i + 1} (steps {lo + 2}-{hi}): median step reference {_fmt(ref, 1)} ms, ours {_fmt(mine, 1)} ms")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""One training run: its settings (:mod:`.config`), data (:mod:`.data`), processes and device (:mod:`.launch`),
+GPU preflight (:mod:`.preflight`), compile caches (:mod:`.compile_cache`), loop (:mod:`.loop`) and log
+(:mod:`.runlog`). Used by the ``train`` stage and, for its settings and data check, by :mod:`speedrun.workflow`.
+"""

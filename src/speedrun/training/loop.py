@@ -1,0 +1,413 @@
+"""One (variant, seed) training run of the speedrun GPT, with its training log: :func:`run_training`.
+
+Runs standalone (world size 1) or under ``torchrun --standalone --nproc_per_node=N --no-python speedrun
+train ...`` (RANK, WORLD_SIZE and LOCAL_RANK from the environment; gloo on CPU, NCCL on CUDA). Each optimizer
+step takes ``tokens_per_step`` tokens in ``micro_batches`` micro-batches from the BOS-aligned loader; rank r
+runs ``micro_batches / world_size`` of them with gradient accumulation and the gradients are averaged over
+ranks, so a step sees the same tokens whatever the world size (speedrun-spec.md 1.3). The seed sets the
+initialization only: the token stream is the same for every seed, as in the public speedrun.
+
+The loop validates at step 0, every ``val_every`` steps and at the last step with the clock stopped (the
+speedrun's timing rule, speedrun-spec.md 1.4); ``train_time`` counts training wall time only. A non-finite
+train or val loss stops the run at once and the log ends with ``run diverged: ...`` (exit status 0: the run
+is reported, never dropped); an exception writes ``run failed: <type>: <message>`` and propagates. The log
+(docs/formats.md "Training log", :mod:`speedrun.training.runlog`) is renamed to its path only at the end, a
+failed run's too (so that the failure is reported, as ``failed`` by the log parser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+from speedrun.support.stopping import RunStopped  # first: before torch's import
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from speedrun import __version__
+from speedrun.data.loader import BosAlignedBatches, padded_cu_seqlens, to_torch, validation_batches
+from speedrun.data.prefetch import StepPrefetcher
+from speedrun.errors import SpeedrunError
+from speedrun.model.gpt import GPT
+from speedrun.optim.groups import Optimizers, build_optimizers
+from speedrun.optim.schedules import stage_starts
+from speedrun.training.compile_cache import allow_training_graph_cache
+from speedrun.training.config import TrainConfig, resolve_dtype
+from speedrun.training.data import TrainingData, check_data_feeds, load_training_data
+from speedrun.training.launch import Launch, process_group, resolve_device
+from speedrun.training.preflight import GpuRequirement, preflight
+from speedrun.training.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
+                                      header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
+                                      val_line)
+
+RunStatus = Literal["complete", "diverged"]
+LossKind = Literal["train", "val"]
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class RunResult:
+    """What a run ended with: ``status``, and every logged loss at full precision as
+    ``(step, "train" | "val", loss)`` in log order."""
+
+    status: RunStatus = "complete"
+    losses: list[tuple[int, LossKind, float]] = field(default_factory=list)
+
+
+class TrainClock:
+    """Cumulative training wall time (``time.perf_counter``), paused around validation; synchronizes the GPU
+    before every reading."""
+
+    def __init__(self, device: torch.device):
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._total = 0.0
+        self._since: float | None = None
+
+    def sync(self) -> None:
+        """Wait for the GPU's queued work (nothing on a CPU)."""
+        self._sync()
+
+    def start(self) -> None:
+        self._sync()
+        self._since = _now()
+
+    def stop(self) -> None:
+        self._sync()
+        if self._since is not None:
+            self._total += _now() - self._since
+        self._since = None
+
+    def elapsed_ms(self) -> float:
+        """Training time so far in ms, including the running interval."""
+        self._sync()
+        running = _now() - self._since if self._since is not None else 0.0
+        return 1000.0 * (self._total + running)
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
+    """Average ``tensors`` in place over all ranks, in one flat all-reduce."""
+    if world_size == 1 or not tensors:
+        return
+    flat = torch.cat([t.reshape(-1).float() for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= world_size
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
+               device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
+               self_reduced: frozenset[int] = frozenset()) -> torch.Tensor:
+    """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
+    as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
+    number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
+    the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters those
+    itself); a tied model's embedding gradient is first folded into the head's
+    (:meth:`speedrun.model.gpt.GPT.fold_tied_gradients`). Returns the step's mean train loss as a (1,) fp32
+    tensor on ``device``, not read back: the caller queues the optimizer step before waiting for it (no host
+    sync inside a step, as in the records)."""
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for inputs, targets, cu_seqlens in micro_batches:
+        with autocast():
+            loss = forward(inputs, targets, cu_seqlens, max_seq_len)
+        (loss / len(micro_batches)).backward()
+        total += loss.detach().float()
+    mean = (total / len(micro_batches)).reshape(1)
+    model.fold_tied_gradients()
+    grads = [p.grad for p in model.parameters() if p.grad is not None and id(p) not in self_reduced]
+    _all_reduce_mean(grads + [mean], world_size)
+    return mean
+
+
+@torch.no_grad()
+def evaluate(forward: Callable[..., torch.Tensor], batches: list[Batch], autocast: Callable[[], Any],
+             world_size: int) -> float:
+    """Mean validation loss (nats/token) over this rank's chunks, averaged over ranks (every rank holds the
+    same number of equal-sized chunks, so this is the mean over all val_tokens)."""
+    total = torch.zeros((), dtype=torch.float32, device=batches[0][0].device)
+    for inputs, targets, cu_seqlens in batches:
+        with autocast():
+            total += forward(inputs, targets, cu_seqlens, inputs.size(0)).float()
+    mean = (total / len(batches)).reshape(1)
+    _all_reduce_mean([mean], world_size)
+    return float(mean.item())
+
+
+def _dummy_batch(tokens: int, device: torch.device) -> Batch:
+    """A micro-batch of ``tokens`` zeros in one document, with ``cu_seqlens`` padded like the loader's: the
+    shapes of a real micro-batch of that size, for compiling."""
+    cu_seqlens = torch.from_numpy(padded_cu_seqlens(np.array([0, tokens], dtype=np.int32))).to(device)
+    return (torch.zeros(tokens, dtype=torch.int32, device=device),
+            torch.zeros(tokens, dtype=torch.int64, device=device), cu_seqlens)
+
+
+def validation_steps(config: TrainConfig) -> list[int]:
+    """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``)."""
+    every = set(range(0, config.steps, config.evaluation.val_every)) if config.evaluation.val_every else set()
+    return sorted({0, config.steps} | every)
+
+
+def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
+    """``(step, "val" | "train")`` in the order the run meets them, covering every graph the run compiles:
+    the first validation step of each window state, and the training steps of :func:`warm_up_steps`. The
+    tie state changes no graph (:class:`speedrun.model.gpt.GPT` reads the embedding's copy either way).
+    With the ``flex`` backend the model takes the windows (and YaRN's scale) as graph inputs, so only the
+    first step of each (train or val, training batch shape) is kept. Replayed in this order, the windows
+    grow (and YaRN rescales) as in the run, so each graph is compiled with the values it will see."""
+    windows_are_inputs = config.model_config().schedule_as_graph_inputs
+    steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
+    seen, plan = set(), []
+    for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
+        if windows_are_inputs:
+            key = (kind, config.batch_at(step) if kind == "train" else None)
+        else:         # every training stage start: the windows and YaRN's scale (a float here) change there
+            key = (kind, step) if kind == "train" else (kind, config.window_blocks_at(step))
+        if key not in seen:
+            seen.add(key)
+            plan.append((step, kind))
+    return plan
+
+
+def warm_up_steps(config: TrainConfig) -> list[int]:
+    """The training steps where a graph may change: 0, each batch-size and window stage start (records since
+    #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan` replays them, all
+    or (windows as graph inputs) one per graph."""
+    steps = {0} | {first for first, _, _ in config.batch_stages()}
+    if config.schedule.window_schedule:
+        steps |= set(stage_starts(config.steps, len(config.schedule.window_schedule)))
+    return sorted(s for s in steps if s < config.steps)
+
+
+class _Run:
+    """The state of one run on this rank: model, optimizers, data, clock and log."""
+
+    def __init__(self, config: TrainConfig, seed: int, data: TrainingData, device: torch.device,
+                 launch: Launch, log: RunLog):
+        self.config, self.device, self.launch, self.log = config, device, launch, log
+        torch.manual_seed(seed)
+        self.model = GPT(config.model_config()).to(device)
+        if launch.world_size > 1:
+            for p in self.model.parameters():
+                dist.broadcast(p.data, src=0)
+        self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
+        self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
+        self.optimizers: Optimizers = build_optimizers(
+            self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
+        self.forward = self._compiled() if config.compute.compile else self.model
+        self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
+                                         config.batch_at(0)[1])
+        self.val = [to_torch(mb, device) for mb in validation_batches(
+            data.val_tokens, data.val_bos, config.evaluation.val_tokens, config.evaluation.val_batch_tokens,
+            launch.rank, launch.world_size)]
+        enabled = resolve_dtype(config.compute.dtype, device.type) == "bfloat16"      # dtype auto: bf16 on CUDA only
+        self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+        self.clock = TrainClock(device)
+        self.result = RunResult()
+        self.prefetch: StepPrefetcher | None = None
+
+    def step_batches(self, step: int) -> list[Batch]:
+        """This rank's micro-batches of ``step`` on the device, prepared one step ahead by a
+        :class:`speedrun.data.prefetch.StepPrefetcher` (started at the first step asked for)."""
+        if self.prefetch is None:
+            cfg = self.config
+
+            def shape_at(s: int) -> tuple[int, int]:
+                tokens, max_seq_len = cfg.batch_at(s)
+                return tokens // cfg.micro_batches, max_seq_len
+
+            self.prefetch = StepPrefetcher(self.batches, cfg.steps, shape_at, cfg.micro_batches,
+                                           self.launch.rank, self.launch.world_size, self.device)
+        return self.prefetch.get(step)
+
+    def close(self) -> None:
+        """Stop the prefetching thread, if one runs."""
+        if self.prefetch is not None:
+            self.prefetch.close()
+
+    def _compiled(self) -> Callable[..., torch.Tensor]:
+        """The model under ``torch.compile`` with static shapes (the record compiles the same way). Every
+        batch shape is one graph (for training and for validation), and every window setting too unless
+        the model takes the windows as graph inputs (FlexAttention; :func:`warm_up_plan`); the recompile
+        limit leaves room."""
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        allow_training_graph_cache()
+        mode = None if self.config.compute.compile_mode == "default" else self.config.compute.compile_mode
+        return torch.compile(self.model, dynamic=False, mode=mode)
+
+    def evaluate(self, batches: list[Batch], world_size: int) -> float:
+        """:func:`evaluate` with the model in evaluation mode (no FP8), back in training mode after."""
+        self.model.eval()
+        try:
+            return evaluate(self.forward, batches, self.autocast, world_size)
+        finally:
+            self.model.train()
+
+    def set_windows(self, step: int) -> None:
+        """Give the model the attention windows of ``step`` (YaRN rescales on growth, in the model)."""
+        blocks = self.config.window_blocks_at(step)
+        if blocks is not None:
+            self.model.set_window_blocks(*blocks)
+
+    def validate(self, step: int) -> bool:
+        """Validate with the clock stopped and log the line; False when the loss is not finite."""
+        self.clock.stop()
+        self.set_windows(step)
+        val_loss = self.evaluate(self.val, self.launch.world_size)
+        self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
+        self.result.losses.append((step, "val", val_loss))
+        self.clock.start()
+        return math.isfinite(val_loss)
+
+    def train(self, step: int) -> bool:
+        """Optimizer step ``step`` (0-based) and its log line; False on a non-finite loss (the run then stops:
+        the update was queued before the loss was read, so that the GPU never waits for the host between the
+        backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
+        cfg = self.config
+        self.optimizers.apply_schedule(step, cfg.schedule_config())
+        self.set_windows(step)
+        if step == cfg.schedule.untie_step and self.model.tied:
+            self.model.untie_embed_head()
+            self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
+        max_seq_len = cfg.batch_at(step)[1]
+        mine = self.step_batches(step)
+        mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
+                          max_seq_len, self.optimizers.self_reduced_parameters())
+        self.optimizers.step()
+        self.optimizers.zero_grad()
+        self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
+        loss = float(mean.item())                                # the step's one host sync
+        self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
+        self.result.losses.append((step + 1, "train", loss))
+        return math.isfinite(loss)
+
+    def warm_up(self) -> float:
+        """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
+
+        Replays :func:`warm_up_plan`: a forward and backward on dummy micro-batches for each training step
+        in it (with that step's batch shape and windows) and a validation forward on one chunk for each
+        validation step in it, so that no graph is compiled during the run; then puts back the schedule
+        state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes."""
+        start = _now()
+        if not self.config.compute.compile:
+            return 0.0
+        model, cfg = self.model, self.config
+        saved = model.schedule_state()
+        for step, kind in warm_up_plan(cfg):
+            self.set_windows(step)
+            if kind == "val":
+                self.evaluate(self.val[:1], world_size=1)
+                continue
+            tokens, max_seq_len = cfg.batch_at(step)
+            inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
+            with self.autocast():
+                self.forward(inputs, targets, cu_seqlens, max_seq_len).backward()
+        model.restore_schedule_state(saved)
+        model.zero_grad(set_to_none=True)
+        self.clock.sync()
+        return _now() - start
+
+    def run(self) -> RunResult:
+        """The training loop; the result's status is ``complete`` or ``diverged`` (after logging why)."""
+        cfg = self.config
+        self.clock.start()
+        for step in range(cfg.steps + 1):
+            if step == cfg.steps or step == 0 or (cfg.evaluation.val_every and step % cfg.evaluation.val_every == 0):
+                if not self.validate(step):
+                    return self._diverged("val_loss", step)
+            if step == cfg.steps:
+                break
+            if not self.train(step):
+                return self._diverged("train_loss", step + 1)
+        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
+        return self.result
+
+    def _diverged(self, what: str, step: int) -> RunResult:
+        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
+        self.log.write(f"run diverged: non-finite {what} at step {step}")
+        self.result.status = "diverged"
+        return self.result
+
+
+def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: str | os.PathLike[str],
+                 bos_dir: str | os.PathLike[str], log_path: str | os.PathLike[str],
+                 env: Mapping[str, str] | None = None, gpus: GpuRequirement = GpuRequirement()) -> RunResult:
+    """Train one run and write its log to ``log_path`` (rank 0). Returns its :class:`RunResult` (status
+    ``complete`` or ``diverged``, and the losses).
+
+    ``env``: the launch variables (default ``os.environ``). ``gpus``: what a GPU run's GPUs must be; this
+    node must show one per local process (:func:`speedrun.training.preflight.preflight`). Raises
+    :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
+    the config; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
+    and re-raised, the log renamed to ``log_path`` all the same.
+    """
+    env = os.environ if env is None else env
+    launch = Launch(env)
+    launch.check(config)
+    preflight(config.compute.device, gpus, env, config.world_size)
+    device = resolve_device(config.compute.device, launch.local_rank)
+    config = config.resolved_for(device)                  # dtype auto -> bfloat16 on CUDA, float32 on a CPU
+    data = load_training_data(shards_dir, bos_dir)
+    check_data_feeds(config, data)
+    header = _header(config, variant, seed, launch, device, data)
+    with process_group(launch, device):
+        log = RunLog(log_path if launch.rank == 0 else None)
+        written, run = False, None
+        try:
+            run = _Run(config, seed, data, device, launch, log)
+            header["compile_s"] = f"{run.warm_up():.1f}"
+            _write_header(log, header)
+            written = True
+            result = run.run()
+            run.close()
+        except BaseException as e:
+            if run is not None:
+                run.close()
+            if not written:
+                _write_header(log, header)
+            log.write(peak_memory_line(*peak_memory_mib(device)))
+            log.write(failure_line(e))
+            log.finish()
+            raise
+        log.finish()
+    return result
+
+
+def failure_line(error: BaseException) -> str:
+    """The log's last line for a run that ``error`` ended: ``run failed: terminated by SIGTERM`` for a
+    :class:`RunStopped`, else ``run failed: <type>: <message on one line>``, or ``run failed: <type>`` when the
+    message is empty (a bare ``KeyboardInterrupt``)."""
+    if isinstance(error, RunStopped):
+        return f"run failed: {error}"
+    message = " ".join(str(error).split())
+    return f"run failed: {type(error).__name__}: {message}" if message else f"run failed: {type(error).__name__}"
+
+
+def _header(config: TrainConfig, variant: str, seed: int, launch: Launch, device: torch.device,
+            data: TrainingData) -> dict[str, Any]:
+    """The header fields (docs/formats.md "Training log"; the provenance keys the log parser reads). ``config``
+    is the config :meth:`TrainConfig.resolved_for` the device: its ``dtype`` the one the run computes in."""
+    settings = config.to_json()
+    return {"speedrun": __version__, "variant": variant, "seed": seed, "config": settings,
+            "config_sha256": sha256_text(settings), **code_version(),
+            "world_size": launch.world_size, "tokens_per_step": config.batch_at(config.steps - 1)[0],
+            "val_tokens": config.evaluation.val_tokens, "train_data_sha256": data.train_sha256,
+            "val_data_sha256": data.val_sha256, "device": device_description(device, launch.world_size),
+            "attention_backend": config.model_config().attention_backend}      # resolved: auto -> what runs
+
+
+def _write_header(log: RunLog, header: Mapping[str, Any]) -> None:
+    for line in header_lines(header) + environment_lines():
+        log.write(line)
+    log.write(SEPARATOR)

@@ -1,0 +1,29 @@
+"""`snakemake -n` plans the same jobs with the same params, threads, resources and priorities as the reference
+commit 336ddaa did, on the default config and on the FineWeb config with a two-node variant.
+
+The fixtures tests/data/plan-*.json were recorded by tests/plan_snapshot.py on that commit, before the planning
+code moved into the package (speedrun.workflow.planning); a change that means to plan differently re-records
+them and says why. Re-recorded once since: the train rule's --config now carries only the settings that differ
+from TrainConfig's defaults (a new switch, off by default, changes no run's params); every job, output and
+resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from plan_snapshot import CASES, planned
+
+pytestmark = pytest.mark.slow
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("fixture", sorted(CASES))
+def test_the_plan_is_the_reference_commits(fixture):
+    expected = json.loads((DATA / fixture).read_text())
+    got = planned(CASES[fixture]())
+    assert [(j["rule"], j.get("output")) for j in got] == [(j["rule"], j.get("output")) for j in expected]
+    for job, reference in zip(got, expected):
+        assert job == reference, f"{job['rule']} {job.get('output')}"
