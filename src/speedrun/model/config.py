@@ -577,7 +577,8 @@ PRESETS: dict[str, GPTConfig] = {
     # (10's from MUDD). FP8 only in the head (#19) and the MLP up-projection (#84, inside the fused ReLU² kernel,
     # #87; the down product in bf16: fp8_mlp_down false); the record's attention products are bf16. The prefix-
     # token loss (#88) builds its table here; its weight and the multi-token weights (#53) are per-step schedule
-    # values (speedrun.optim.stages).
+    # values (speedrun.optim.stages). Attention: the fastest installed backend (auto: FlashAttention 3, as the
+    # records since #29, where it is installed).
     "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.1, yarn=True,
                           window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
@@ -590,7 +591,7 @@ PRESETS: dict[str, GPTConfig] = {
                           residual_form="sublayer", x0_with_bigram=True, saved_activation_layer=7,
                           sa_lambdas=True, xsa_layers=(1, 3, 4, 7, 8, 10), xsa_form="normalized",
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
-                          attention_backend="flex", cross_entropy="fused", rotary_kernel="triton",
+                          attention_backend="auto", cross_entropy="fused", rotary_kernel="triton",
                           mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True),
 }
 
