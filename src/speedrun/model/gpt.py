@@ -374,20 +374,32 @@ class GPT(nn.Module):
         bigram gates, the skip weights and ``backout_lambda``). With ``config.tie_embed_head`` the token
         embedding is of kind ``head``: it starts as the head's copy and, once untied, trains with the head's
         Adam settings, as in the record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas;
-        value and bigram tables 75x that lr). Raises ``ValueError`` for a parameter it does not know."""
+        value and bigram tables 75x that lr). Kinds are chosen by the modules that hold the parameters, not by
+        their names, and counted: raises ``ValueError`` for a parameter given no kind or two."""
+        chosen: list[tuple[ParamKind, nn.Parameter]] = [
+            ("head" if self.config.tie_embed_head else "embed", self.embed.weight), ("head", self.lm_head.weight)]
+        optional = {name: getattr(self, name, None) for name in ("value_embeds", "bigram", "smear", "skips")}
+        if optional["value_embeds"] is not None:
+            chosen += [("embed", p) for p in optional["value_embeds"].parameters()]
+        if optional["bigram"] is not None:
+            chosen += [("embed", optional["bigram"].table), ("scalar", optional["bigram"].gates)]
+        for module in (optional["smear"], optional["skips"]):
+            chosen += [("scalar", p) for p in module.parameters()] if module is not None else []
+        if getattr(self, "backout_lambda", None) is not None:
+            chosen.append(("scalar", self.backout_lambda))
+        for block in self.blocks:
+            attn = block.attn
+            gates = [g for g in (getattr(attn, "gate", None), getattr(attn, "ve_gate", None)) if g is not None]
+            gated = {id(p) for gate in gates for p in gate.parameters()}                 # (H, 12): Adam
+            chosen += [("matrix" if p.ndim == 2 and id(p) not in gated else "scalar", p) for p in block.parameters()]
+        names = {id(p): name for name, p in self.named_parameters()}
         kinds: dict[str, ParamKind] = {}
-        for name, param in self.named_parameters():
-            if name == "embed.weight" and self.config.tie_embed_head:
-                kinds[name] = "head"
-            elif name.startswith(("embed.", "value_embeds.", "bigram.table")):
-                kinds[name] = "embed"
-            elif name.startswith(("smear.", "bigram.gates", "skips.")) or name == "backout_lambda":
-                kinds[name] = "scalar"
-            elif name.startswith("lm_head."):
-                kinds[name] = "head"
-            elif name.startswith("blocks."):
-                gate = ".attn.gate." in name or ".attn.ve_gate." in name                # (H, 12): Adam
-                kinds[name] = "matrix" if param.ndim == 2 and not gate else "scalar"
-            else:
-                raise ValueError(f"parameter {name!r} has no optimizer kind")
-        return kinds
+        for kind, param in chosen:
+            name = names[id(param)]
+            if name in kinds:
+                raise ValueError(f"parameter {name!r} has two optimizer kinds ({kinds[name]}, {kind})")
+            kinds[name] = kind
+        missing = [name for name in names.values() if name not in kinds]
+        if missing:
+            raise ValueError(f"parameters {missing} have no optimizer kind")
+        return {name: kinds[name] for name in names.values()}
