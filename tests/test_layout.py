@@ -70,3 +70,15 @@ def test_a_stage_runs_no_other_stage(stage):
     others = {f"src/speedrun/{s.split('.')[1]}.py" for s in STAGES if s != stage}
     runs = {Path(p).as_posix().split("/src/speedrun/")[-1] for p in module_files(stage)}
     assert not {f"src/speedrun/{r}" for r in runs} & others, stage
+
+
+def test_the_snakefiles_planning_imports_no_torch():
+    """The Snakefile imports speedrun.workflow.planning while every job is planned: torch (seconds to import)
+    must stay out of it (through the training settings and the data check it uses)."""
+    import subprocess
+    import sys
+
+    code = "import sys, speedrun.workflow.planning, speedrun.workflow.sources; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(PACKAGE_DIR.parent), "PATH": ""})
+    assert done.stdout.strip() == "False"

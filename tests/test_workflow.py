@@ -339,7 +339,7 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
     }
     done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"), "-d",
                            str(tmp_path), "--config", "stats={target: abc}"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=_env(ROOT))
     assert done.returncode != 0                              # a value from --config is not blamed on config.yaml
     assert "config.yaml + --config: stats.target: 'abc' is not of type 'number'" in done.stdout + done.stderr
     (tmp_path / "in" / "sub.txt").mkdir(parents=True)      # a folder a documents glob matches
@@ -348,7 +348,7 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         (tmp_path / name).write_text(text)
         done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-s", str(ROOT / "Snakefile"),
                                "-d", str(tmp_path), "--configfile", str(ROOT / "config.yaml"), name],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300, env=_env(ROOT))
         assert done.returncode != 0
         assert re.search(message, done.stdout + done.stderr), (name, (done.stdout + done.stderr)[-2000:])
         assert "Failed validating" not in done.stdout + done.stderr          # no jsonschema dump

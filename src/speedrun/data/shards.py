@@ -105,6 +105,11 @@ def load_shard(path: str | os.PathLike[str]) -> np.ndarray:
     return np.memmap(path, dtype=_TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
+def sha256_text(text: str) -> str:
+    """Hex sha256 of ``text`` (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str:
     """Hex sha256 of the file at ``path``, read in chunks of ``chunk_bytes``."""
     digest = hashlib.sha256()

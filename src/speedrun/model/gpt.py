@@ -21,7 +21,7 @@ Dh head_dim, V vocab_size.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -417,56 +417,71 @@ class GPT(nn.Module):
         bigram gates, the skip weights and ``backout_lambda``). With ``config.tie_embed_head`` the token
         embedding is of kind ``head``: it starts as the head's copy and, once untied, trains with the head's
         Adam settings, as in the record (speedrun-spec.md 3.3: embed and lm_head share lr 0.008 and betas;
-        value and bigram tables 75x that lr). The parameters of records #47-#89 take the kinds of
-        :meth:`_record_kind` (``lambda``, ``resid_lambda``, ``skip_gate``, ``gate``, ``smear_gate``, ``mudd``,
-        ``mudd_bias``, ``mudd_gate``, ``mudd_gate_bias``; Adam). Raises ``ValueError`` for a parameter it does
-        not know."""
-        kinds: dict[str, ParamKind] = {}
-        for name, param in self.named_parameters():
-            record_kind = self._record_kind(name)
-            if record_kind is not None:
-                kinds[name] = record_kind
-            elif name == "embed.weight" and self.config.tie_embed_head:
-                kinds[name] = "head"
-            elif name.startswith(("embed.", "value_embeds.", "bigram.table")):
-                kinds[name] = "embed"
-            elif name.startswith(("smear.", "bigram.gates", "skips.")) or name == "backout_lambda":
-                kinds[name] = "scalar"
-            elif name.startswith("lm_head."):
-                kinds[name] = "head"
-            elif name.startswith("blocks."):
-                gate = ".attn.gate." in name or ".attn.ve_gate." in name                # (H, 12): Adam
-                kinds[name] = "matrix" if param.ndim == 2 and not gate else "scalar"
-            else:
-                raise ValueError(f"parameter {name!r} has no optimizer kind")
-        return kinds
-
-    def _record_kind(self, name: str) -> ParamKind | None:
-        """The kinds of the parameters of records #47-#89 (speedrun-spec.md 3.3 and record #88's table; see
-        :data:`speedrun.optim.config.RECORD_ADAM_KINDS`), or None for the others: ``resid_lambda`` the
-        sublayer form's resid lambdas; ``lambda`` its post and x0 lambdas, the bigram lambdas in that form and
-        the XSA strengths; ``skip_gate`` the skip gate's W; ``mudd`` / ``mudd_bias`` MUDD's w1, w2 / b2;
-        ``mudd_gate`` / ``mudd_gate_bias`` the MUDD gates' w1, w2 / b2 and their shared scale; the attention's
-        ``sa_lambdas`` are ``scalar``. In the sublayer form (the records' #81-#89 models), the attention and
-        value-embedding gates' weights are ``gate`` and the smear gate ``smear_gate``, as record #88's table
-        has them (the block form keeps them ``scalar``: gpt124m unchanged)."""
+        value and bigram tables 75x that lr). The parameters of records #47-#89 take the Adam kinds of
+        :data:`speedrun.optim.config.RECORD_ADAM_KINDS` (speedrun-spec.md 3.3, record #88's table): the sublayer
+        form's ``resid_lambdas`` are ``resid_lambda``; its post and x0 lambdas, the bigram lambdas in that form
+        and the XSA strengths ``lambda``; the skip gate's W ``skip_gate``; MUDD's w1, w2 / b2 ``mudd`` /
+        ``mudd_bias``; the MUDD gates' w1, w2 / b2 and their shared scale ``mudd_gate`` / ``mudd_gate_bias``; in
+        the sublayer form the attention and value-embedding gates are ``gate`` and the smear gate
+        ``smear_gate`` (the block form keeps them ``scalar``: gpt124m unchanged); the attention's
+        ``sa_lambdas`` are ``scalar``. Kinds are chosen by the modules that hold the parameters, not by their
+        names, and counted: raises ``ValueError`` for a parameter given no kind or two."""
         sublayer = self.config.residual_form == "sublayer"
-        if sublayer and (name.endswith((".attn.gate.weight", ".attn.ve_gate.weight"))):
-            return "gate"
-        if sublayer and name == "smear.gate":
-            return "smear_gate"
-        if name == "residual.resid_lambdas":
-            return "resid_lambda"
-        if name in ("residual.post_lambdas", "residual.x0_lambdas") or name.endswith(".attn.xsa_alpha"):
-            return "lambda"
-        if name == "bigram.gates" and self.config.residual_form == "sublayer":
-            return "lambda"
-        if name == "skips.gate":
-            return "skip_gate"
-        if name.startswith("mudd."):
-            return "mudd_bias" if name.endswith(".b2") else "mudd"
-        if name.startswith("mudd_gates."):
-            return "mudd_gate" if name.endswith((".w1", ".w2")) else "mudd_gate_bias"
-        if name.endswith(".attn.sa_lambdas"):
-            return "scalar"
-        return None
+        gate_kind = "gate" if sublayer else "scalar"
+        chosen: list[tuple[ParamKind, nn.Parameter]] = [
+            ("head" if self.config.tie_embed_head else "embed", self.embed.weight), ("head", self.lm_head.weight)]
+        optional = {name: getattr(self, name, None)
+                    for name in ("value_embeds", "bigram", "smear", "skips", "residual", "mudd", "mudd_gates")}
+        if optional["value_embeds"] is not None:
+            chosen += [("embed", p) for p in optional["value_embeds"].parameters()]
+        if optional["bigram"] is not None:
+            chosen += _kinds(optional["bigram"], {"table": "embed", "gates": "lambda" if sublayer else "scalar"})
+        if optional["smear"] is not None:
+            chosen += _kinds(optional["smear"], {"gate": "smear_gate" if sublayer else "scalar"}, "scalar")
+        if optional["skips"] is not None:
+            chosen += _kinds(optional["skips"], {"gate": "skip_gate"}, "scalar")
+        if optional["residual"] is not None:
+            chosen += _kinds(optional["residual"], {"resid_lambdas": "resid_lambda"}, "lambda")
+        for module in (m for m in (optional["mudd"],) if m is not None):
+            chosen += [("mudd_bias" if name.endswith("b2") else "mudd", p) for name, p in module.named_parameters()]
+        for module in (m for m in (optional["mudd_gates"],) if m is not None):
+            chosen += [("mudd_gate" if name.endswith(("w1", "w2")) else "mudd_gate_bias", p)
+                       for name, p in module.named_parameters()]
+        if getattr(self, "backout_lambda", None) is not None:
+            chosen.append(("scalar", self.backout_lambda))
+        for block in self.blocks:
+            chosen += _block_kinds(block, gate_kind)
+        names = {id(p): name for name, p in self.named_parameters()}
+        kinds: dict[str, ParamKind] = {}
+        for kind, param in chosen:
+            name = names[id(param)]
+            if name in kinds:
+                raise ValueError(f"parameter {name!r} has two optimizer kinds ({kinds[name]}, {kind})")
+            kinds[name] = kind
+        missing = [name for name in names.values() if name not in kinds]
+        if missing:
+            raise ValueError(f"parameters {missing} have no optimizer kind")
+        return {name: kinds[name] for name in names.values()}
+
+
+def _kinds(module: nn.Module, by_name: Mapping[str, ParamKind],
+           other: ParamKind | None = None) -> list[tuple[ParamKind, nn.Parameter]]:
+    """(kind, parameter) for the direct parameters of ``module``: ``by_name[name]``, else ``other`` (a name in
+    neither is left without a kind, which :meth:`GPT.parameter_kinds` then refuses)."""
+    return [(by_name.get(name, other), p) for name, p in module.named_parameters(recurse=False)
+            if by_name.get(name, other) is not None]
+
+
+def _block_kinds(block: nn.Module, gate_kind: ParamKind) -> list[tuple[ParamKind, nn.Parameter]]:
+    """(kind, parameter) for a block: the attention's output and value-embedding gates' (H, 12) weights
+    ``gate_kind`` (Adam), its XSA strengths ``lambda``, its other 2-D weights ``matrix`` (Muon) and the rest
+    (lambdas, ``sa_lambdas``) ``scalar``."""
+    attn = block.attn
+    special: dict[int, ParamKind] = {}
+    for gate in (getattr(attn, "gate", None), getattr(attn, "ve_gate", None)):
+        if isinstance(gate, nn.Module):
+            special.update({id(p): gate_kind for p in gate.parameters()})
+    xsa = getattr(attn, "xsa_alpha", None)
+    if isinstance(xsa, nn.Parameter):
+        special[id(xsa)] = "lambda"
+    return [(special.get(id(p), "matrix" if p.ndim == 2 else "scalar"), p) for p in block.parameters()]

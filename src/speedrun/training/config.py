@@ -258,9 +258,7 @@ class TrainConfig:
 
     def _check_schedules(self) -> None:
         schedule = self.schedule.window_schedule
-        if not isinstance(schedule, tuple) or not all(
-                isinstance(pair, tuple) and len(pair) == 2 and all(
-                    isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair) for pair in schedule):
+        if not _positive_pairs(schedule):
             raise SpeedrunError(f"train.window_schedule must be a list of [short, long] block counts >= 1, "
                                 f"got {_written(schedule)}")
         for index, (short, long) in enumerate(schedule):
@@ -275,9 +273,7 @@ class TrainConfig:
             if not self._preset_model().tie_embed_head:
                 raise SpeedrunError("train.untie_step needs a model with tie_embed_head: true")
         batches = self.schedule.batch_schedule
-        if not isinstance(batches, tuple) or not all(
-                isinstance(pair, tuple) and len(pair) == 2 and all(
-                    isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in batches):
+        if not _positive_pairs(batches):
             raise SpeedrunError(f"train.batch_schedule must be a list of [tokens_per_step, max_seq_len] pairs of "
                                 f"positive integers, got {_written(batches)}")
         if (schedule or self.schedule.final_window_long_blocks is not None) and not self._preset_model().window_pattern:
@@ -457,6 +453,14 @@ def _written(value: Any) -> str:
         return json.dumps(plain(value))
     except (TypeError, ValueError):
         return repr(value)
+
+
+def _positive_pairs(value: Any) -> bool:
+    """Whether ``value`` is a tuple of pairs (tuples) of integers >= 1 (a schedule as :meth:`TrainConfig.from_dict`
+    makes it of YAML's lists)."""
+    return isinstance(value, tuple) and all(
+        isinstance(pair, tuple) and len(pair) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in value)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -13,10 +13,9 @@ import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.data.loader import steps_available
-from speedrun.data.shards import load_shard, sha256_file
+from speedrun.data.shards import load_shard, sha256_file, sha256_text
 from speedrun.errors import SpeedrunError
 from speedrun.training.config import TrainConfig
-from speedrun.training.runlog import sha256_text
 
 
 @dataclass(frozen=True)

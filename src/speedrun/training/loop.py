@@ -33,6 +33,7 @@ import torch.distributed as dist
 from speedrun import __version__
 from speedrun.data.loader import BosAlignedBatches, padded_cu_seqlens, to_torch, validation_batches
 from speedrun.data.prefetch import StepPrefetcher
+from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import Optimizers, build_optimizers
@@ -43,7 +44,7 @@ from speedrun.training.data import TrainingData, check_data_feeds, load_training
 from speedrun.training.launch import Launch, process_group, resolve_device
 from speedrun.training.preflight import GpuRequirement, preflight
 from speedrun.training.runlog import (SEPARATOR, RunLog, code_version, device_description, environment_lines,
-                                      header_lines, peak_memory_line, peak_memory_mib, sha256_text, train_line,
+                                      header_lines, peak_memory_line, peak_memory_mib, train_line,
                                       val_line)
 
 RunStatus = Literal["complete", "diverged"]

@@ -13,7 +13,6 @@ always a whole log.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import resource
@@ -25,6 +24,7 @@ from typing import Any, Mapping, TextIO
 
 import torch
 
+from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
 
 SEPARATOR = "=" * 100
@@ -74,11 +74,6 @@ def environment_lines() -> list[str]:
 
         lines.append(f"Running Triton version {triton.__version__}")
     return lines
-
-
-def sha256_text(text: str) -> str:
-    """Hex sha256 of ``text`` (UTF-8)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def code_version(source: Path | None = None) -> dict[str, str]:
