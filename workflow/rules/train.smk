@@ -6,6 +6,8 @@
 # Each process first checks that its node shows the GPUs config.yaml `cluster` asks for
 # (speedrun.training.preflight); those settings are not params: a run on other GPUs of the same kind is not a new
 # run.
+# `exec`: the launcher replaces the job's shell, so that its parent is Snakemake and it dies with Snakemake,
+# however Snakemake dies (launch_train.py, "Dying with the workflow"; README "Recovering from a crash").
 
 
 rule train:
@@ -31,7 +33,7 @@ rule train:
     log:
         "logs/train/{variant}/seed{seed}.log",
     shell:
-        "{TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
+        "exec {TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
         "--device {params.device} --gpu-locks {GPU_LOCKS} --label {output:q} -- "
         "speedrun train --config {params.config:q} --variant {wildcards.variant} --seed {wildcards.seed} "
         "--shards-dir {input.shards} --bos-dir {input.bos} --out {output} --compile-cache {COMPILE_CACHE} "
