@@ -1,0 +1,77 @@
+"""A damaged shard is moved aside with a one-line message saying so (speedrun.data.integrity), so that the next
+call of the workflow rebuilds it; the train rule runs the check before torchrun."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speedrun.data.integrity import check_dataset, main, move_aside
+from speedrun.errors import SpeedrunError
+from synthetic_data import counting_documents, write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return write_dataset(tmp_path, counting_documents(60), shard_tokens=2048)
+
+
+def _train_shard(shards: Path) -> Path:
+    return sorted(shards.glob("*_train_*.bin"))[0]
+
+
+def test_a_sound_dataset_passes(dataset):
+    shards, _ = dataset
+    assert check_dataset(shards) == len(list(shards.glob("*.bin")))
+
+
+@pytest.mark.parametrize("damage, found", [
+    (lambda b: b[:-6], r"header says \d+ tokens, so \d+ bytes, but the file holds \d+ bytes"),   # truncated
+    (lambda b: b"\x00" + b[1:], r"not a token shard: header magic \d+, expected 20240520"),     # magic
+])
+def test_a_damaged_shard_moves_the_folder_aside_with_one_line(dataset, capsys, damage, found):
+    shards, _ = dataset
+    shard = _train_shard(shards)
+    shard.write_bytes(damage(shard.read_bytes()))
+    assert main([str(shards)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    moved = next(shards.parent.glob("shards.damaged-*"))
+    assert re.fullmatch(rf"speedrun train: error: {re.escape(str(shard))}: {found}; moved aside to "
+                        rf"{re.escape(str(moved))}: the next call of the workflow rebuilds it \(tokenize, "
+                        r"bos_index\)\n", err), err
+    assert not shards.exists() and (moved / shard.name).is_file()
+
+
+def test_a_shard_whose_count_differs_from_the_manifest_is_damaged(dataset):
+    shards, _ = dataset
+    shard = _train_shard(shards)
+    data = bytearray(shard.read_bytes())
+    count = int(np.frombuffer(bytes(data[8:12]), dtype=np.int32)[0])
+    data[8:12] = np.int32(count - 1).tobytes()
+    shard.write_bytes(bytes(data[:-2]))              # a consistent header and size, one token short
+    with pytest.raises(SpeedrunError, match=rf"{shard.name}: {count - 1} tokens, its manifest says {count}; moved "
+                                            r"aside to "):
+        check_dataset(shards)
+
+
+def test_move_aside_never_overwrites(tmp_path):
+    first = move_aside((tmp_path / "a").resolve()) if (tmp_path / "a").mkdir() is None else None
+    (tmp_path / "a").mkdir()
+    second = move_aside(tmp_path / "a")
+    assert first != second and first.is_dir() and second.is_dir() and not (tmp_path / "a").exists()
+
+
+def test_the_train_rule_checks_the_shards_before_torchrun():
+    rule = (ROOT / "workflow/rules/train.smk").read_text()
+    shell = rule.split("shell:", 1)[1]
+    assert shell.index("{SHARD_CHECK} {input.shards:q} > {log} 2>&1 && ") < shell.index("exec {TRAIN_LAUNCHER}")
+    done = subprocess.run([sys.executable, "-m", "speedrun.data.integrity"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("usage:")
