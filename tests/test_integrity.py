@@ -75,3 +75,38 @@ def test_the_train_rule_checks_the_shards_before_torchrun():
     assert shell.index("{SHARD_CHECK} {input.shards:q} > {log} 2>&1 && ") < shell.index("exec {TRAIN_LAUNCHER}")
     done = subprocess.run([sys.executable, "-m", "speedrun.data.integrity"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.startswith("usage:")
+
+
+def _download(root: Path, name: str, data: bytes) -> Path:
+    path = root / "results" / "download" / "kjj0--fineweb10B-gpt2" / "main" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def test_a_damaged_download_is_moved_aside_so_that_the_next_call_fetches_it(tmp_path):
+    from speedrun.data.shards import BOS_ID, write_shard
+    from speedrun.tokenize import import_pretokenized
+
+    good = tmp_path / "good.bin"
+    write_shard(good, np.array([BOS_ID, 1, 2, BOS_ID, 3], dtype=np.uint16))
+    val = _download(tmp_path, "fineweb_val_000000.bin", good.read_bytes())
+    train = _download(tmp_path, "fineweb_train_000001.bin", good.read_bytes()[:-2])      # truncated body
+    with pytest.raises(SpeedrunError) as refused:
+        import_pretokenized([val, train], "fineweb", tmp_path / "results" / "shards" / "fineweb")
+    moved = next(train.parent.glob("fineweb_train_000001.bin.damaged-*"))
+    assert str(refused.value) == (f"{train}: header says 5 tokens, so 1034 bytes, but the file holds 1032 bytes; "
+                                  f"moved aside to {moved}: the next call of the workflow downloads it again")
+    assert not train.exists() and val.exists()
+
+
+def test_a_damaged_file_of_the_users_stays_where_it_is(tmp_path):
+    from speedrun.data.shards import BOS_ID, write_shard
+    from speedrun.tokenize import import_pretokenized
+
+    val, train = tmp_path / "mine_val_000000.bin", tmp_path / "mine_train_000001.bin"
+    write_shard(val, np.array([BOS_ID, 1, 2], dtype=np.uint16))
+    train.write_bytes(b"\x00" + val.read_bytes()[1:])
+    with pytest.raises(SpeedrunError, match=r"not a token shard: header magic \d+, expected 20240520$"):
+        import_pretokenized([val, train], "mine", tmp_path / "out")
+    assert train.exists()

@@ -1,4 +1,5 @@
-"""A damaged input is moved aside, so that the workflow's next call makes it again (:func:`move_aside`), and
+"""A damaged input is moved aside, so that the workflow's next call makes it again (:func:`move_aside`; a
+damaged download: :func:`check_download`, called by :mod:`speedrun.data.pretokenized`), and
 the train rule's check of a dataset folder before training starts (:func:`check_dataset`, run as ``python -m
 speedrun.data.integrity SHARDS_DIR`` ahead of torchrun, so that a damaged shard ends the job with one line in
 its log and no torchrun traceback).
@@ -44,6 +45,22 @@ def damaged(error: SpeedrunError, path: str | os.PathLike[str], remakes: str) ->
     it``)."""
     moved = move_aside(path)
     return SpeedrunError(f"{error}; moved aside to {moved}: {remakes}")
+
+
+def is_download(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file of the download stage: it lies under ``results/download/`` (of any folder),
+    where the workflow's next call downloads again what is missing. A file of the user's elsewhere is never
+    moved."""
+    parts = Path(os.path.abspath(path)).parts
+    return any(parts[i:i + 2] == ("results", "download") for i in range(len(parts) - 1))
+
+
+def check_download(error: SpeedrunError, path: str | os.PathLike[str]) -> SpeedrunError:
+    """The error for a damaged file ``path``: a download (:func:`is_download`) is moved aside and the message
+    says that the next call downloads it again; any other file stays, and ``error`` is returned as it is."""
+    if not is_download(path):
+        return error
+    return damaged(error, path, "the next call of the workflow downloads it again")
 
 
 def check_dataset(shards_dir: str | os.PathLike[str]) -> int:
