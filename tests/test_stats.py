@@ -674,3 +674,42 @@ def test_a_crlf_copy_of_a_public_log_keeps_its_code_version(tmp_path):
     assert sorted(original.group.code_versions.values()) == [1, 10]
     assert (crlf.val_loss.n, crlf.val_loss.mean, crlf.test.p_value) == \
            (original.val_loss.n, original.val_loss.mean, original.test.p_value)
+
+
+def _reference_logs() -> Path:
+    """The public logs: ../shared/reference-logs, or the folder SPEEDRUN_REFERENCE_LOGS names."""
+    return Path(os.environ.get("SPEEDRUN_REFERENCE_LOGS", REFERENCE))
+
+
+def test_many_paths_skip_what_holds_no_logs_with_a_note(tmp_path, capsys):
+    (tmp_path / "outer" / "baseline").mkdir(parents=True)          # subfolders only
+    readme = write(tmp_path / "README.md", "# runs\n")
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        write(runs / f"seed{seed}.txt", our_log(seed=seed, losses=[10.8, 9.0, 8.0, 7.5, 7.0 + seed / 100])[0])
+    rc = cli.main(["stats", str(tmp_path / "outer"), str(readme), str(runs), "--target", "7.5", "--json"])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert [g["group"] for g in json.loads(out)] == [str(runs)]
+    assert err.splitlines() == [
+        f"speedrun stats: note: skipped {tmp_path / 'outer'}: holds no training logs or parsed-run .json files; "
+        "its subfolders baseline may: pass them (one group each)",
+        f"speedrun stats: note: skipped {readme}: not a training log or parsed-run .json: a .md file"]
+    assert cli.main(["stats", str(tmp_path / "outer"), str(readme)]) == 2      # nothing left: the first error
+    assert capsys.readouterr().err == (f"speedrun stats: error: {tmp_path / 'outer'}: holds no training logs or "
+                                       "parsed-run .json files; its subfolders baseline may: pass them (one group "
+                                       "each)\n")
+
+
+@pytest.mark.skipif(not _reference_logs().is_dir(), reason="the public reference logs are absent")
+def test_stats_over_every_reference_folder_skips_the_md_files_and_the_folders_of_folders(capsys):
+    paths = sorted(str(p) for p in _reference_logs().iterdir())
+    assert cli.main(["stats", *paths, "--json"]) == 0
+    out, err = capsys.readouterr()
+    groups = {g["path"] for g in json.loads(out)}
+    notes = err.splitlines()
+    assert all(line.startswith("speedrun stats: note: skipped ") for line in notes)
+    skipped = {line.split("skipped ", 1)[1].split(": ", 1)[0] for line in notes}
+    assert str(_reference_logs() / "PUBLISHED.md") in skipped
+    assert str(_reference_logs() / "2026-05-20_BigramsSignTrick") in skipped      # baseline/ and pr299/ only
+    assert groups and not groups & skipped and groups | skipped == set(paths)

@@ -140,6 +140,23 @@ def test_absurd_lr_diverges_with_exit_status_zero(synthetic, tmp_path, capsys):
     assert read_record(log).status == "diverged"
 
 
+def test_a_loss_that_explodes_without_nan_stops_as_diverged(synthetic, tmp_path):
+    # head_lr 30: the train loss jumps from ln(50304) = 10.83 to about 170 at step 2, finite (issue 22: such
+    # runs ended with val_loss 562,200 as `complete` and were counted).
+    shards, bos = synthetic
+    log = tmp_path / "exploded.txt"
+    result = run_training(TrainConfig.from_dict({**QUICK, "head_lr": 30.0}), variant="v", seed=0,
+                          shards_dir=shards, bos_dir=bos, log_path=log, env={})
+    assert result.status == "diverged"
+    train = [loss for _, kind, loss in result.losses if kind == "train"]
+    assert all(math.isfinite(loss) for loss in train) and train[-1] > 2 * train[0]
+    last = log.read_text().splitlines()[-1]
+    assert re.fullmatch(r"run diverged: smoothed train_loss \S+ at step \d+ above its first value 10\.8258 "
+                        r"\(train_loss \S+\)", last), last
+    record = read_record(log)
+    assert (record.status, record.val_loss, record.reason) == ("diverged", None, last)
+
+
 def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkeypatch):
     import speedrun.training.loop as train_module
 

@@ -6,7 +6,8 @@
 Each PATH is a training log, a parsed-run ``.json`` or a directory of them; a directory is one group, and files
 named one by one are grouped by their folder (``DIR/*.txt`` is the group ``DIR``; grouping:
 :mod:`speedrun.analysis.groups`; ``--split-code`` also splits by code version; ``--only`` reads just the files
-listed). Only complete, non-duplicate runs are counted in ``n``; incomplete runs (diverged, failed, truncated)
+listed). Among several PATHs (``reference-logs/*``), one that holds no run (a folder of subfolders only, a
+README.md) is skipped with a note on stderr, unless none is left. Only complete, non-duplicate runs are counted in ``n``; incomplete runs (diverged, failed, truncated)
 and duplicates are listed. The test is the record rule (modded-nanogpt README L207-220): one-sided
 ``scipy.stats.ttest_1samp(val_loss, target, alternative="less")``, met when ``p < alpha`` with at least 3
 counted runs; next to p, the runs needed for ``p < alpha`` at the observed mean and std
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -60,7 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     check_alpha(args.alpha)
     check_target(args.target)
-    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool", args.only)
+    notes: list[str] = []
+    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool", args.only,
+                            notes)
+    for note in notes:
+        print(printable(f"speedrun stats: note: {note}"), file=sys.stderr)
     objects = [s.to_json() for s in results]
     if args.json_out:
         write_json(args.json_out, objects)

@@ -6,6 +6,12 @@
 # Each process first checks that its node shows the GPUs config.yaml `cluster` asks for
 # (speedrun.training.preflight); those settings are not params: a run on other GPUs of the same kind is not a new
 # run.
+# `exec`: the launcher replaces the job's shell, so that its parent is Snakemake and it dies with Snakemake,
+# however Snakemake dies (launch_train.py, "Dying with the workflow"; README "Recovering from a crash").
+
+# Before torchrun: every shard's header and size against the manifest (speedrun.data.integrity); a damaged one
+# moves the shards folder aside with a one-line error in the log, and the next call rebuilds it.
+SHARD_CHECK = shlex.join([sys.executable, "-m", "speedrun.data.integrity"])
 
 
 rule train:
@@ -31,9 +37,10 @@ rule train:
     log:
         "logs/train/{variant}/seed{seed}.log",
     shell:
-        "{TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
+        "{SHARD_CHECK} {input.shards:q} > {log} 2>&1 && "
+        "exec {TRAIN_LAUNCHER} run --world-size {params.world_size} --nodes {resources.nodes} "
         "--device {params.device} --gpu-locks {GPU_LOCKS} --label {output:q} -- "
         "speedrun train --config {params.config:q} --variant {wildcards.variant} --seed {wildcards.seed} "
         "--shards-dir {input.shards} --bos-dir {input.bos} --out {output} --compile-cache {COMPILE_CACHE} "
         "--gpu-model={config[cluster][gpu_model]:q} --gpu-memory-gib={config[cluster][gpu_memory_gib]} "
-        "> {log} 2>&1"
+        ">> {log} 2>&1"

@@ -22,6 +22,14 @@ they are released whenever it ends, even when killed. A run takes all of its GPU
 ``DIR/<host>/allocate.lock``: no two runs can each hold part of what the other needs, so none waits forever on
 the other. The locks keep the runs of one workflow folder apart; they do not see GPUs used by other programs.
 
+Dying with the workflow: the rule's shell ``exec``s this script, so its parent is Snakemake itself (the job's
+thread), and before anything else the script asks Linux to send it SIGTERM when that parent ends
+(``prctl(PR_SET_PDEATHSIG)``, prctl(2); the request survives the ``exec`` of torchrun or srun): a ``kill -9`` of
+Snakemake alone, which leaves the job's shell of a rule without ``exec`` alive, now ends torchrun, torchrun ends
+its workers (each of which also dies with torchrun: :func:`speedrun.support.stopping.die_with_parent`), and the
+GPU locks go with torchrun. A parent that ended before the request stops the script (status 143). Elsewhere
+than Linux nothing is requested (a note says so).
+
 Only the standard library is used (no torch import), so the script starts in milliseconds.
 """
 
@@ -29,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal, Mapping, Sequence, get_args
 
+PARENT_PID_AT_START = os.getppid()    # read first: a parent that ends before the prctl is seen by the pid changing
+PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>
 Device = Literal["cpu", "cuda", "auto"]
 RDZV_PORT_BASE = 29500      # torchrun's default port; a Slurm job adds (job id mod RDZV_PORT_SPAN)
 RDZV_PORT_SPAN = 10000
@@ -212,6 +224,35 @@ def host_lock_dir(root: str | os.PathLike[str]) -> Path:
     return Path(root) / socket.gethostname().split(".")[0]
 
 
+# ---- dying with the workflow ---------------------------------------------------------------------------------
+
+
+def die_with_parent(parent: int | None = None) -> str | None:
+    """Ask Linux to send this process (and what it execs) SIGTERM when its parent ends
+    (``prctl(PR_SET_PDEATHSIG, SIGTERM)``). Returns None when in place (or not possible here: a note on stderr
+    says why), or why the run must not start: the parent pid is no longer ``parent`` (default: the one read at
+    import), i.e. the parent already ended and no signal will come."""
+    parent = PARENT_PID_AT_START if parent is None else parent
+    if not sys.platform.startswith("linux"):
+        print(f"launch_train: note: on {sys.platform} the run does not stop when the workflow dies",
+              file=sys.stderr)
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError) as e:
+        print(f"launch_train: note: no prctl ({e}): the run does not stop when the workflow dies", file=sys.stderr)
+        return None
+    if prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0), ctypes.c_ulong(0),
+             ctypes.c_ulong(0)) != 0:
+        print(f"launch_train: note: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}",
+              file=sys.stderr)
+        return None
+    now = os.getppid()
+    if now != parent:
+        return f"error: the workflow process {parent} ended before the run started (parent is now {now})"
+    return None
+
+
 # ---- entry points ----------------------------------------------------------------------------------------------
 
 
@@ -290,6 +331,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Parse, plan and exec the command (the lock descriptors stay open in it). Exit status 2 with one line
     on stderr when the run cannot start here."""
     env = dict(os.environ if env is None else env)
+    if argv is None:                      # the command line (not a test calling main): die with the workflow
+        orphaned = die_with_parent()
+        if orphaned:
+            print(f"launch_train: {orphaned}", file=sys.stderr)
+            return 128 + signal.SIGTERM
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is not None:

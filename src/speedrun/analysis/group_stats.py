@@ -131,16 +131,17 @@ def group_stats(group: Group, target: float = DEFAULT_TARGET, alpha: float = DEF
 
 
 def compute_stats(paths: Sequence[str], target: float = DEFAULT_TARGET, alpha: float = DEFAULT_ALPHA,
-                  code_split: CodeSplit = "pool", only: Sequence[str] | None = None) -> list[GroupStats]:
-    """Group the runs at ``paths`` (``code_split``, ``only``: see :mod:`speedrun.analysis.groups`) and compute
-    each group's statistics.
+                  code_split: CodeSplit = "pool", only: Sequence[str] | None = None,
+                  notes: list[str] | None = None) -> list[GroupStats]:
+    """Group the runs at ``paths`` (``code_split``, ``only``, ``notes``: see
+    :func:`speedrun.analysis.groups.collect_runs`) and compute each group's statistics.
 
     Raises:
         SpeedrunError: as :func:`speedrun.analysis.groups.collect_runs` and
             :func:`~speedrun.analysis.groups.check_only`.
     """
     check_only(paths, only)
-    return [group_stats(g, target, alpha) for g in collect_runs(paths, code_split, only)]
+    return [group_stats(g, target, alpha) for g in collect_runs(paths, code_split, only, notes)]
 
 
 def check_alpha(alpha: float) -> None:

@@ -227,13 +227,19 @@ def _expand(arg: str, only: frozenset[str] | None = None) -> tuple[str, list[str
 
 
 def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit = "pool",
-                 only: Sequence[str | os.PathLike[str]] | None = None) -> list["Group"]:
+                 only: Sequence[str | os.PathLike[str]] | None = None,
+                 notes: list[str] | None = None) -> list["Group"]:
     """Group the runs found at ``paths`` (module docstring): one group per directory, split when needed.
 
     ``code_split="split"`` also splits a directory by code version. With ``only``, the files read are those
     of ``only`` that ``paths`` hold (:func:`check_only` says whether every one is held). Groups come in the
     order their directories first appear; split parts by ascending step and GPU count, code versions by first
     appearance.
+
+    ``notes``: when given, and ``paths`` are several (a shell glob such as ``reference-logs/*``) without
+    ``only``, a path that holds no run (a folder of subfolders only, a README.md) is skipped, with one line
+    appended to ``notes`` saying why (:func:`skip_note`), unless no path is left: then the first one's error
+    is raised as without ``notes``.
 
     Raises:
         SpeedrunError: a path does not exist, a file named explicitly (or in ``only``) is not a run, or a
@@ -246,7 +252,15 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
     names: dict[str, str] = {}  # absolute directory -> group path as first given
     skipped: dict[str, list[tuple[str, str]]] = {}  # group path -> (file, reason)
     seen: set[str] = set()
+    lenient = notes is not None and len(paths) > 1 and wanted is None
+    skipped_paths: list[SpeedrunError] = []
     for arg in map(os.fspath, paths):
+        if lenient:
+            try:
+                _runs_at(arg)
+            except SpeedrunError as e:
+                skipped_paths.append(e)
+                continue
         given, files, explicit = _expand(arg, wanted)
         group_path = names.setdefault(os.path.abspath(given), given)
         runs = found.setdefault(group_path, [])
@@ -270,10 +284,26 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
             hint = (f"; its subfolders {', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''} may: "
                     "pass them (one group each)" if subfolders else "")
             raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files{hint}")
+    if skipped_paths and not found:
+        raise skipped_paths[0]
+    if notes is not None:
+        notes.extend(skip_note(e) for e in skipped_paths)
     groups = []
     for path, runs in found.items():     # duplicates within a group: another variant may match a run exactly
         groups += _split(path, runs, find_duplicates(runs), tuple(skipped.get(path, ())), code_split)
     return _with_unique_slugs(groups)
+
+
+def _runs_at(arg: str) -> None:
+    """Raise the :class:`SpeedrunError` that :func:`collect_runs` would for ``arg`` alone when it holds no run
+    (an explicit file that is not one, a folder without any); nothing otherwise (the files are read again
+    after: a few ms per log)."""
+    collect_runs([arg])
+
+
+def skip_note(error: SpeedrunError) -> str:
+    """The note for a path skipped among several: ``skipped <error>``."""
+    return f"skipped {error}"
 
 
 def check_only(paths: Sequence[str | os.PathLike[str]], only: Sequence[str | os.PathLike[str]] | None) -> None:

@@ -56,6 +56,7 @@ import pandas as pd
 from speedrun.analysis.provenance import modded_provenance, sha256, speedrun_provenance
 from speedrun.analysis.provenance import versions as read_versions
 from speedrun.errors import SpeedrunError
+from speedrun.support.divergence import DivergenceWatch
 
 Format = Literal["speedrun", "modded", "llmc"]
 Status = Literal["complete", "diverged", "truncated", "failed"]
@@ -331,7 +332,7 @@ class _Result(NamedTuple):
     last_step: int | None
     final: tuple[float, float | None, float | None] | None  # val_loss, train_time_ms, step_avg_ms of step N
     curve_hash: str | None
-    nonfinite: str | None  # "non-finite val_loss at step 12"
+    nonfinite: str | None  # why the run diverged: "non-finite val_loss at step 12" (support.divergence)
     cut: str | None = None  # why an llm.c log that ends with a val line is not taken as finished
 
 
@@ -373,10 +374,22 @@ def _result(scan: _Scan) -> _Result:
         final = next(((float(loss), float(t), _float(avg)) for st, n, kind, loss, t, avg in reversed(rows)
                       if kind == b"val" and int(st) == int(n) == steps), None)
     losses = [r for r in rows if r[2]]
-    nonfinite = next((f"non-finite {r[2].decode()}_loss at step {int(r[0])}"
-                      for r in losses if not math.isfinite(float(r[3]))), None)
+    nonfinite = diverged_at(losses)
     curve = sha256(b" ".join(r[0] + b":" + r[3] for r in losses))
     return _Result(steps, last_step, final, curve, nonfinite, cut)
+
+
+def diverged_at(rows: list[tuple[bytes, ...]]) -> str | None:
+    """Why the run of these loss rows (``(step, total, kind, loss, ...)``, log order) has diverged, by the rule
+    of :mod:`speedrun.support.divergence` (a log written before that rule, or by another program, is judged as
+    the training loop would have stopped it), or ``None``."""
+    watch = DivergenceWatch()
+    for row in rows:
+        check = watch.val if row[2] == b"val" else watch.train
+        why = check(int(row[0]), float(row[3]))
+        if why:
+            return why
+    return None
 
 
 def _llmc_cut(rows: list[tuple[bytes, ...]]) -> str | None:

@@ -92,7 +92,8 @@ def _parquet_batches(path: Path, text_column: str, rows_per_batch: int) -> Itera
         raise SpeedrunError(f"{path}: not a readable parquet file ({e})") from None
     schema = parquet.schema_arrow
     if text_column not in schema.names:
-        raise SpeedrunError(f"{path}: no {text_column!r} column; the columns are {schema.names}")
+        raise SpeedrunError(f"{path}: no {text_column!r} column; the columns are {schema.names} (set "
+                            "data.files.text_column to the one holding the text)")
     text_type = schema.field(text_column).type
     if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
         raise SpeedrunError(f"{path}: column {text_column!r} must hold strings, found {text_type}")
@@ -131,7 +132,8 @@ def _jsonl_batches(path: Path, text_column: str, rows_per_batch: int) -> Iterato
                 raise SpeedrunError(f"{path}: line {number} is a JSON {_json_kind(record)}, expected an object "
                                     f"with a {text_column!r} field")
             if text_column not in record:
-                raise SpeedrunError(f"{path}: line {number} has no {text_column!r} field")
+                raise SpeedrunError(f"{path}: line {number} has no {text_column!r} field (set data.files.text_column "
+                                    f"to the field holding the text; this line's fields: {', '.join(record)})")
             batch.append(_checked(path, record[text_column], f"line {number}"))
             if len(batch) == rows_per_batch:
                 yield batch

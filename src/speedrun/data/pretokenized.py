@@ -9,7 +9,8 @@ file under two names counts as given twice) unless repeats are asked for (a benc
 several times over); the first shard given must be the validation shard (``*_val_*``),
 the others training shards (``*_train_*``), in order. They enter the dataset folder under the dataset's own
 names as hard links (a copy where the file system refuses links), so the 20 GB of FineWeb10B are not written
-twice.
+twice. A damaged shard under ``results/download/`` is moved aside, the message says so, and the workflow's next
+call downloads it again (:func:`speedrun.data.integrity.check_download`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from speedrun.data.integrity import check_download
 from speedrun.data.shards import BOS_ID, HEADER_BYTES, HEADER_INTS, read_header, shard_filename
 from speedrun.data.tokenizer import N_VOCAB
 from speedrun.errors import SpeedrunError
@@ -131,7 +133,10 @@ def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path,
     _check_order(shards, allow_repeats)
     entries = []
     for index, source in enumerate(shards):
-        scanned = scan_shard(source)
+        try:
+            scanned = scan_shard(source)
+        except SpeedrunError as e:                     # a damaged download is moved aside, to be fetched again
+            raise check_download(e, source) from None
         if scanned["tokens"] == 0:
             raise SpeedrunError(f"{source}: holds no tokens (its header says 0); expected a shard of GPT-2 documents")
         if scanned["documents"] == 0:

@@ -8,9 +8,10 @@ ranks, so a step sees the same tokens whatever the world size (speedrun-spec.md 
 initialization only: the token stream is the same for every seed, as in the public speedrun.
 
 The loop validates at step 0, every ``val_every`` steps and at the last step with the clock stopped (the
-speedrun's timing rule, speedrun-spec.md 1.4); ``train_time`` counts training wall time only. A non-finite
-train or val loss stops the run at once and the log ends with ``run diverged: ...`` (exit status 0: the run
-is reported, never dropped); an exception writes ``run failed: <type>: <message>`` and propagates. The log
+speedrun's timing rule, speedrun-spec.md 1.4); ``train_time`` counts training wall time only. A diverged run
+(a non-finite loss, a val_loss above its step-0 value or a smoothed train loss above its first value:
+:mod:`speedrun.support.divergence`) stops at once and the log ends with ``run diverged: <why>`` (exit status 0:
+the run is reported as ``diverged``, never counted, never dropped); an exception writes ``run failed: <type>: <message>`` and propagates. The log
 (docs/formats.md "Training log", :mod:`speedrun.training.runlog`) is renamed to its path only at the end, a
 failed run's too (so that the failure is reported, as ``failed`` by the log parser).
 """
@@ -18,13 +19,13 @@ failed run's too (so that the failure is reported, as ``failed`` by the log pars
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 from speedrun.support.stopping import RunStopped  # first: before torch's import
+from speedrun.support.divergence import DivergenceWatch
 
 import numpy as np
 import torch
@@ -216,6 +217,7 @@ class _Run:
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
         self.result = RunResult()
+        self.watch = DivergenceWatch()
         self.prefetch: StepPrefetcher | None = None
 
     def step_batches(self, step: int) -> list[Batch]:
@@ -261,18 +263,18 @@ class _Run:
         if blocks is not None:
             self.model.set_window_blocks(*blocks)
 
-    def validate(self, step: int) -> bool:
-        """Validate with the clock stopped and log the line; False when the loss is not finite."""
+    def validate(self, step: int) -> str | None:
+        """Validate with the clock stopped and log the line; why the run has diverged, or None."""
         self.clock.stop()
         self.set_windows(step)
         val_loss = self.evaluate(self.val, self.launch.world_size)
         self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
         self.result.losses.append((step, "val", val_loss))
         self.clock.start()
-        return math.isfinite(val_loss)
+        return self.watch.val(step, val_loss)
 
-    def train(self, step: int) -> bool:
-        """Optimizer step ``step`` (0-based) and its log line; False on a non-finite loss (the run then stops:
+    def train(self, step: int) -> str | None:
+        """Optimizer step ``step`` (0-based) and its log line; why the run has diverged, or None (it then stops:
         the update was queued before the loss was read, so that the GPU never waits for the host between the
         backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
         cfg = self.config
@@ -291,7 +293,7 @@ class _Run:
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))
-        return math.isfinite(loss)
+        return self.watch.train(step + 1, loss)
 
     def warm_up(self) -> float:
         """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
@@ -325,18 +327,20 @@ class _Run:
         self.clock.start()
         for step in range(cfg.steps + 1):
             if step == cfg.steps or step == 0 or (cfg.evaluation.val_every and step % cfg.evaluation.val_every == 0):
-                if not self.validate(step):
-                    return self._diverged("val_loss", step)
+                why = self.validate(step)
+                if why:
+                    return self._diverged(why)
             if step == cfg.steps:
                 break
-            if not self.train(step):
-                return self._diverged("train_loss", step + 1)
+            why = self.train(step)
+            if why:
+                return self._diverged(why)
         self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
         return self.result
 
-    def _diverged(self, what: str, step: int) -> RunResult:
+    def _diverged(self, why: str) -> RunResult:
         self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
-        self.log.write(f"run diverged: non-finite {what} at step {step}")
+        self.log.write(f"run diverged: {why}")
         self.result.status = "diverged"
         return self.result
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,6 +28,7 @@ import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.errors import SpeedrunError, number_text_hint
+from speedrun.workflow.messages import more_data_hint, schema_value_hint
 from speedrun.model.config import PRESETS
 from speedrun.optim.schedules import batch_stages
 from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
@@ -341,7 +341,7 @@ def schema_error_message(config_files: str, error: BaseException) -> str:
     if found is None:
         return f"{config_files}: {error}"
     key = ".".join(str(part) for part in found.absolute_path) or "(the top level)"
-    return f"{config_files}: {key}: {found.message}{number_text_hint(found.instance)}"
+    return f"{config_files}: {key}: {found.message}{schema_value_hint(config_files, key, found.instance)}"
 
 
 def _unique_keys_loader() -> type:
@@ -452,12 +452,13 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     if missing:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")
     lengths = [s["tokens"] for s in train]
-    fed = steps_fed(steps, micro_batches, stages, lengths, [np.load(bos[s["file"]], mmap_mode="r") for s in train])
+    starts = [np.load(bos[s["file"]], mmap_mode="r") for s in train]
+    fed = steps_fed(steps, micro_batches, stages, lengths, starts)
     if fed < steps:
         tokens = sum(lengths)
-        shards_needed = math.ceil(len(train) * steps / max(fed, 1))
         more = ("use a larger dataset (data.source: fineweb); this corpus cannot grow" if corpus_fixed
-                else f"use more data (about {shards_needed} train shards)")
+                else more_data_hint(len(train), steps, fed, tokens, tokens_per_step, max_seq_len,
+                                    sum(len(b) for b in starts)))
         raise SpeedrunError(
             f"{what}: {steps} steps of {tokens_per_step} tokens (documents cut at max_seq_len {max_seq_len}) "
             f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "

@@ -1,0 +1,72 @@
+"""Messages that used to point the wrong way (issue 22): a seed given through --config, a one-document corpus
+cut by max_seq_len, a parquet or JSON lines file without the text column, the schema's relative paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from speedrun.data.documents import iter_text_batches
+from speedrun.errors import SpeedrunError
+from speedrun.workflow.planning import check_training_data, schema_error_message
+from synthetic_data import write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+
+
+def _schema_error(config: dict) -> jsonschema.ValidationError:
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        jsonschema.validate(config, SCHEMA)
+    return caught.value
+
+
+def test_a_seed_made_text_by_snakemakes_config_is_not_blamed_on_quotes():
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["variants"]["baseline"]["seeds"] = ["0"]     # what --config 'variants={"baseline": {"seeds": [0]}}' gives
+    error = _schema_error(config)
+    message = schema_error_message("config.yaml + --config", error)
+    assert message == ("config.yaml + --config: variants.baseline.seeds.0: '0' is not of type 'integer' (text, not "
+                       "a number: Snakemake's --config passes the numbers inside a list or mapping as text, with or "
+                       "without quotes; set variants.baseline.seeds.0 in a YAML file given with --configfile)")
+    assert "without quotes)" in schema_error_message("config.yaml", error)        # a quoted '0' in a YAML file
+    assert "write 0 without quotes" in schema_error_message("config.yaml + other.yaml", error)
+
+
+def test_a_one_document_corpus_is_told_to_add_documents_not_shards(tmp_path):
+    one_document = (np.arange(40000) % 97 + 1000)
+    shards, bos = write_dataset(tmp_path, [one_document], shard_tokens=4096)     # its BOS in the val shard
+    settings = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
+    with pytest.raises(SpeedrunError) as refused:
+        check_training_data(settings, shards, bos, what="variant 'v'")
+    message = str(refused.value)
+    assert "train shards)" not in message
+    assert ("use more documents: the train shards hold 0 document start(s) (BOS), each document feeds at most "
+            "max_seq_len 128 tokens, so 4 steps need at least 16 documents (more shards of the same documents would "
+            "not help)") in message
+
+
+def test_a_file_without_the_text_column_names_the_setting(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"body": ["ok"]}), path)
+    with pytest.raises(SpeedrunError, match=r"no 'text' column; the columns are \['body'\] \(set "
+                                            r"data.files.text_column to the one holding the text\)$"):
+        list(iter_text_batches(path, "text"))
+    lines = tmp_path / "d.jsonl"
+    lines.write_text(json.dumps({"body": "ok", "url": "u"}) + "\n")
+    with pytest.raises(SpeedrunError, match=r"line 1 has no 'text' field \(set data.files.text_column to the field "
+                                            r"holding the text; this line's fields: body, url\)$"):
+        list(iter_text_batches(lines, "text"))
+
+
+def test_the_schema_says_relative_paths_are_read_from_the_working_folder():
+    text = (ROOT / "workflow/schemas/config.schema.yaml").read_text()
+    assert "relative to the workflow folder" not in text
+    assert "relative paths are read from Snakemake's working folder: the `-d` folder when given" in text

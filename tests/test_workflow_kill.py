@@ -1,0 +1,131 @@
+"""A killed workflow loses nothing and redoes nothing finished (README "Recovering from a crash"): the workflow
+is killed with SIGKILL twice, once as a whole process group and once Snakemake alone, while one training run
+runs and after another finished; every training process must end with it, the README's recovery steps
+(``--unlock``, then ``--rerun-incomplete``) must work, and only the killed run must rerun.
+
+The micro config of test_workflow.py, with two variants: ``baseline`` (2 steps, finishes first) and ``slow``
+(350 steps of 256 tokens, killed while it trains).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow import MICRO, ROOT, _env, _planned_jobs, _write_config
+
+pytestmark = pytest.mark.slow
+
+TARGETS = ("results/train/baseline/seed0.txt", "results/train/slow/seed0.txt")
+
+
+def _config() -> dict:
+    cfg = yaml.safe_load(MICRO.read_text())
+    cfg["train"]["val_every"] = 0
+    cfg["variants"] = {"baseline": {"seeds": [0], "train": {"steps": 2}},
+                       "slow": {"seeds": [0], "train": {"steps": 350, "tokens_per_step": 256}}}
+    cfg["stats"]["baseline"] = "baseline"
+    return cfg
+
+
+def _processes_in(workdir: Path) -> list[int]:
+    """Pids of the live processes whose working directory is ``workdir`` (Snakemake, shells, training)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/cwd") != str(workdir):
+                continue
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=workdir,
+                          env=_env(workdir), capture_output=True, text=True, timeout=300)
+
+
+def _start(workdir: Path, *args: str) -> subprocess.Popen:
+    """Snakemake on TARGETS in its own session (its own process group), output to snakemake.out."""
+    out = open(workdir / "snakemake.out", "a")
+    return subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", *args, *TARGETS], cwd=workdir,
+                            env=_env(workdir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_until_slow_trains(workdir: Path, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Until the slow run's temporary log exists (its model is built, it trains)."""
+    deadline = time.monotonic() + timeout
+    slow = workdir / "results/train/slow"
+    while time.monotonic() < deadline:
+        if slow.is_dir() and any(p.name.startswith(".tmp-seed0.txt.") for p in slow.iterdir()):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"snakemake ended ({proc.returncode}):\n{(workdir / 'snakemake.out').read_text()}")
+        time.sleep(0.5)
+    raise AssertionError(f"the slow run did not start:\n{(workdir / 'snakemake.out').read_text()}")
+
+
+def _all_end(workdir: Path, timeout: float = 60.0) -> list[int]:
+    """The processes still alive in ``workdir`` after ``timeout`` s ([] when all ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _processes_in(workdir):
+        time.sleep(0.5)
+    return _processes_in(workdir)
+
+
+def _recover_and_plan(workdir: Path) -> dict[str, int]:
+    """The README's recovery: the next call is refused for the incomplete run, the one with
+    ``--rerun-incomplete`` for the lock that the killed Snakemake left; ``--unlock`` lifts it. Returns what
+    ``--rerun-incomplete`` would then run."""
+    refused = _snakemake(workdir, *TARGETS)
+    assert refused.returncode != 0 and "--rerun-incomplete" in refused.stderr, refused.stderr
+    locked = _snakemake(workdir, "--rerun-incomplete", *TARGETS)
+    assert locked.returncode != 0 and "LockException" in locked.stderr and "--unlock" in locked.stderr, locked.stderr
+    assert _snakemake(workdir, "--unlock", *TARGETS).returncode == 0
+    return _planned_jobs(_snakemake(workdir, "-n", "--rerun-incomplete", *TARGETS))
+
+
+def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_path):
+    workdir = tmp_path.resolve()
+    shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
+    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
+    _write_config(workdir, _config())
+    try:
+        # 1. The whole process group killed while `slow` trains, after `baseline` finished.
+        proc = _start(workdir)
+        _wait_until_slow_trains(workdir, proc)
+        finished = (workdir / TARGETS[0]).read_bytes()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert _all_end(workdir) == [], "training processes outlived the killed process group"
+        assert _recover_and_plan(workdir) == {"train": 1}          # slow only: baseline is kept
+        # 2. The README's rerun, killed again, Snakemake alone (its job shells and torchrun stay in its group).
+        proc = _start(workdir, "--rerun-incomplete")
+        _wait_until_slow_trains(workdir, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert _all_end(workdir) == [], "training processes outlived Snakemake (orphans)"
+        assert _recover_and_plan(workdir) == {"train": 1}
+        assert (workdir / TARGETS[0]).read_bytes() == finished
+    finally:
+        for pid in _processes_in(workdir):                        # what this test started and left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
