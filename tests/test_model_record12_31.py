@@ -182,6 +182,7 @@ def test_record12_and_record31_presets_hold_the_records_architecture():
     # record12: full RoPE base 10000, 1/sqrt(128), a fixed 1024-token window everywhere, 30·tanh(z/30)
     assert (r12.rope, r12.rope_base, r12.attention_scale, r12.yarn) == ("full", 10000.0, None, False)
     assert r12.window_pattern == "L" * 12 and r12.window_long_blocks * r12.window_block_size == 1024
+    assert r12.window_extra_keys == 0                                     # q - k < 1024: 1024 keys
     assert (r12.logit_softcap, r12.softcap_kind, r12.value_residual, r12.linear_init) == (30.0, "tanh", True, "torch")
     assert (r12.value_embed_layers, r12.attention_gate_layers, r12.attention_free_layers, r12.fp8_head) == (
         (), (), (), False)
@@ -190,6 +191,7 @@ def test_record12_and_record31_presets_hold_the_records_architecture():
     assert (r31.window_pattern, r31.window_short_blocks, r31.window_long_blocks) == ("LSSSLSSLSSSL", 1, 3)
     assert (r31.value_embed_layers, r31.value_embed_tables, r31.value_embed_std) == ((0, 1, 2, 9, 10, 11), 3, 1.0)
     assert r31.value_lambdas and r31.attention_free_layers == (7,) and r31.mlp_free_layers == (0,)
+    assert r31.window_extra_keys == 1                                     # FA3 window_size (W, 0)
     assert r31.attention_gate_layers == tuple(i for i in range(12) if i != 7) and r31.fp8_head
     z = torch.linspace(-40, 40, 9, dtype=torch.float64)       # its 30·σ(z/7.5) is 15·tanh(z/15) + 15
     torch.testing.assert_close(30 * torch.sigmoid(z / 7.5) - 15, 15 * torch.tanh(z / 15))
@@ -236,3 +238,37 @@ def test_a_tiny_width_variant_of_the_preset_runs_forward_and_backward_on_the_cpu
     model.eval()
     with torch.no_grad():
         assert torch.isfinite(model(inputs, targets, cu))
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa_docs"])
+def test_window_extra_keys_widen_every_window_by_that_many_keys(backend):
+    """record31's FA3 window (W, 0) sees W + 1 keys: 3 blocks of 2 tokens plus 1 = 7 keys, the same layer as a
+    window of one 7-token block; YaRN's ratios stay those of the blocks."""
+    base = dict(vocab_size=40, n_layer=2, model_dim=16, n_head=2, head_dim=8, window_pattern="LS",
+                attention_backend=backend, cross_entropy="full", rotary_positions=32)
+    wide = GPT(GPTConfig(**base, window_block_size=2, window_short_blocks=1, window_long_blocks=3,
+                         window_extra_keys=1)).double()
+    plain = GPT(GPTConfig(**base, window_block_size=2, window_short_blocks=1, window_long_blocks=3)).double()
+    randomized(wide)
+    plain.load_state_dict(wide.state_dict())
+    assert wide.layer_windows() == [7, 3] and wide.window_sizes.tolist() == [3, 7]
+    inputs, targets, cu = batch(40)
+    with torch.no_grad():
+        loss_wide, loss_plain = wide(inputs, targets, cu), plain(inputs, targets, cu)
+    assert not torch.allclose(loss_wide, loss_plain)                                   # the key mattered
+    one = dict(base, n_layer=1, window_pattern="L")
+    a = GPT(GPTConfig(**one, window_block_size=2, window_long_blocks=3, window_extra_keys=1)).double()
+    b = GPT(GPTConfig(**one, window_block_size=7, window_short_blocks=1, window_long_blocks=1)).double()
+    randomized(a)
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(a(inputs, targets, cu), b(inputs, targets, cu), rtol=0, atol=1e-12)
+    yarn = GPT(GPTConfig(**base, window_block_size=2, window_long_blocks=3, window_extra_keys=1, yarn=True,
+                         attention_scale=0.1))
+    yarn.set_window_blocks(3, 7)
+    assert yarn.attention_scale == pytest.approx(0.1 * (1 + 0.2 * math.log(7 / 3)))
+    assert yarn.window_sizes.tolist() == [7, 15]
+    with pytest.raises(SpeedrunError, match=r"model\.window_extra_keys must be an integer >= 0"):
+        GPTConfig(**base, window_extra_keys=-1)
+    with pytest.raises(SpeedrunError, match=r"model\.window_extra_keys .* needs a window_pattern"):
+        GPTConfig(**{**base, "window_pattern": ""}, window_extra_keys=1)

@@ -221,6 +221,11 @@ class GPTConfig:
             init) or ``"torch"`` (``nn.Linear``'s default, uniform on ±1/sqrt(fan_in), std 1/sqrt(3·fan_in):
             record #12, whose ``CastedLinear`` keeps it). The output projections and the head start at zero
             either way. See :func:`speedrun.model.init.init_torch_linear_`.
+        window_extra_keys: keys a sliding window sees beyond its blocks: a window of b blocks spans
+            ``b·window_block_size + window_extra_keys`` keys, the query's own included (0, or 1 for record #31,
+            2025-09-10 YaRN: its flash-attention call's ``window_size = (b·128, 0)`` reaches back b·128
+            positions, b·128 + 1 keys; speedrun.model.windows). YaRN's ratios stay those of the blocks. An
+            integer >= 0; needs a window_pattern when not 0.
 
     Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode,
     a layer index out of range, or switches that do not fit together (e.g. paired heads with an odd n_head).
@@ -290,6 +295,7 @@ class GPTConfig:
     mlp_free_layers: tuple[int, ...] = ()
     value_residual: bool = False
     linear_init: LinearInit = "speedrun"
+    window_extra_keys: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "model_dim", "n_head", "head_dim", "mlp_ratio",
@@ -412,7 +418,7 @@ class GPTConfig:
                                 f"{GPT2_VOCAB}, got {self.vocab_size}")
 
     def _check_record12_31_switches(self) -> None:
-        """mlp_free_layers (record #31), value_residual and linear_init (record #12)."""
+        """mlp_free_layers and window_extra_keys (record #31), value_residual and linear_init (record #12)."""
         self._check_layers("mlp_free_layers")
         both = sorted(set(self.mlp_free_layers) & set(self.attention_free_layers))
         if both:
@@ -422,6 +428,10 @@ class GPTConfig:
             raise SpeedrunError("model.mlp_free_layers (record #31) are blocks of the block form: they need "
                                 "model.residual_form block")
         _check_mode("linear_init", self.linear_init, LINEAR_INITS)
+        if not _is_int(self.window_extra_keys) or self.window_extra_keys < 0:
+            raise SpeedrunError(f"model.window_extra_keys must be an integer >= 0, got {self.window_extra_keys!r}")
+        if self.window_extra_keys and not self.window_pattern:
+            raise SpeedrunError("model.window_extra_keys widens the sliding windows: it needs a window_pattern")
         if not isinstance(self.value_residual, bool):
             raise SpeedrunError(f"model.value_residual must be true or false, got {self.value_residual!r}")
         if not self.value_residual:
@@ -710,7 +720,7 @@ PRESETS["record12"] = GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=12
 #   Windows in 128-token blocks, long on layers 0, 4, 7, 11 and short elsewhere: window_pattern
 #   "LSSSLSSLSSSL"; long ws, short ws // 2, ws 3 -> 7 -> 11 over thirds: train.window_schedule
 #   [[1, 3], [3, 7], [5, 11]], final 13 (train.final_window_long_blocks). Its FA3 window_size (W, 0) lets
-#   a query see W + 1 keys, ours W (speedrun.model.windows): one key more there, NOT mapped.
+#   a query see W + 1 keys (W = 128·blocks), ours W: window_extra_keys 1.
 #   Logits 30·σ(z/7.5) = 15·tanh(z/15) + 15, the same softmax: logit_softcap 15, "tanh". Its training
 #   loss is summed over each rank's tokens (validation: mean): ours is the mean, the same directions for
 #   Muon (scale-free) and for Adam with ε divided by the 49,152 tokens per rank (train.adam_eps).
@@ -726,8 +736,9 @@ PRESETS["record31"] = GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=12
                                 value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
                                 value_embed_std=1.0, value_lambdas=True, skip_connections="unet",
                                 attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
-                                attention_free_layers=(7,), mlp_free_layers=(0,), fp8_head=True,
-                                attention_backend="flex", cross_entropy="fused", rotary_kernel="triton")
+                                attention_free_layers=(7,), mlp_free_layers=(0,), window_extra_keys=1,
+                                fp8_head=True, attention_backend="flex", cross_entropy="fused",
+                                rotary_kernel="triton")
 
 
 def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) -> GPTConfig:

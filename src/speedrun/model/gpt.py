@@ -171,7 +171,7 @@ class GPT(nn.Module):
         copy from host memory, so no wait for the queued work."""
         block = self.config.window_block_size
         for slot, blocks in enumerate(self.window_blocks):
-            self.window_sizes[slot].fill_(window_tokens(blocks, block))
+            self.window_sizes[slot].fill_(window_tokens(blocks, block) + self.config.window_extra_keys)
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
@@ -296,9 +296,11 @@ class GPT(nn.Module):
         return self.head_fp8.operands(self.lm_head.weight)
 
     def layer_windows(self) -> list[int | None]:
-        """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``."""
+        """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``:
+        blocks x ``window_block_size`` plus ``config.window_extra_keys`` (record #31's FA3 window)."""
         cfg = self.config
-        return layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
+        windows = layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
+        return [w if w is None else w + cfg.window_extra_keys for w in windows]
 
     def _forward_windows(self) -> list[int | torch.Tensor | None]:
         """:meth:`layer_windows` as a forward pass uses them: with ``config.schedule_as_graph_inputs``, one
