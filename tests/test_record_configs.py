@@ -69,6 +69,7 @@ def test_record12_settings_are_the_records():
     assert (optim.adam_betas, optim.adam_eps, optim.muon_momentum) == ((0.9, 0.95), 1e-8, 0.95)
     assert (optim.weight_decay, optim.adam_weight_decay, optim.orthogonalizer) == (0.0, 0.0, "newton_schulz")
     assert (optim.mlp_fc_lr_mul, optim.mlp_proj_lr_mul, optim.muon_attention_gates) == (1.0, 1.0, False)
+    assert optim.muon_momentum_form == "sgd"                  # buf.mul_(momentum).add_(g); g.add(buf, momentum)
     # get_lr: 1 before 1875 - 562 = 1313, then (1875 - it) / 562; momentum 0.85 -> 0.95 over 500 steps
     s = cfg.schedule_config()
     for step, expected in ((0, 1.0), (1312, 1.0), (1313, 1.0), (1314, 561 / 562), (1600, 275 / 562), (1874, 1 / 562)):
@@ -94,6 +95,7 @@ def test_record31_settings_are_the_records():
     assert optim.adam_eps == pytest.approx(1e-10 / 49152, rel=1e-12)       # its ε on a loss summed per GPU
     assert (optim.weight_decay, optim.adam_weight_decay, optim.orthogonalizer) == (0.0, 0.0, "newton_schulz")
     assert (optim.mlp_fc_lr_mul, optim.muon_attention_gates) == (0.5, True)   # its (768, 3072) c_fc; gates
+    assert optim.muon_momentum_form == "ema"                  # momentum_buffer.lerp_(grad, 1 - momentum)
     # get_lr: x = step/1670, 1 before x = 0.5, then w + (1 - w)·0.1 with w = (1 - x)/0.5
     s = cfg.schedule_config()
     for step in (0, 834, 835, 1000, 1669):

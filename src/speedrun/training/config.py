@@ -24,7 +24,8 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import ALL_ADAM_KINDS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig, ScheduleConfig
+from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig,
+                                   ScheduleConfig)
 from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
@@ -208,6 +209,7 @@ class TrainConfig:
         _check_choice("dtype", self.compute.dtype, get_args(ComputeDtype))
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
+        _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self._check_device()
