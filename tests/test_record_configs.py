@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from speedrun.errors import SpeedrunError
 from speedrun.optim.schedules import lr_factor, muon_momentum
 from speedrun.training.config import TrainConfig
 
@@ -106,8 +107,26 @@ def test_record31_settings_are_the_records():
     # get_ws: ws_schedule (3, 7, 11) over thirds, ws_validate 13 at the final validation; short = ws // 2
     assert [cfg.window_blocks_at(step) for step in (0, 556, 557, 1115, 1669)] == [
         (1, 3), (1, 3), (3, 7), (5, 11), (5, 11)]
-    assert cfg.window_blocks_at(1670) == (5, 13)     # the record's short window there is 13 // 2 = 6 (comment)
+    assert cfg.window_blocks_at(1670) == (6, 13)                                 # 13 // 2 = 6
     model = cfg.model_config()
     assert (model.attention_scale, model.yarn, model.mlp_free_layers, model.attention_free_layers) == (
         0.1, True, (0,), (7,))
     assert not cfgs["candidate"].model_config().yarn and cfgs["candidate"].optimizer.muon_lr == 0.05
+
+
+def test_final_window_short_blocks_sets_the_final_validations_short_window_only():
+    base = {"preset": "tiny", "steps": 6, "tokens_per_step": 64, "model": {"window_pattern": "SLSL"},
+            "window_schedule": [[1, 2], [2, 3]], "final_window_long_blocks": 4}
+    cfg = TrainConfig.from_dict({**base, "final_window_short_blocks": 3})
+    assert [cfg.window_blocks_at(s) for s in (0, 5, 6)] == [(1, 2), (2, 3), (3, 4)]
+    assert TrainConfig.from_dict(base).window_blocks_at(6) == (2, 4)                   # null: the stage's
+    fixed = TrainConfig.from_dict({"preset": "tiny", "steps": 6, "tokens_per_step": 64,
+                                   "model": {"window_pattern": "SL", "n_layer": 2}, "final_window_short_blocks": 2})
+    assert fixed.window_blocks_at(5) is None and fixed.window_blocks_at(6) == (2, 3)   # the model's long 3
+    for value, match in ((5, r"train\.final_window_short_blocks 5 is longer than the final validation's long "
+                              r"window of 4 blocks"),
+                         (0, r"train\.final_window_short_blocks must be an integer >= 1")):
+        with pytest.raises(SpeedrunError, match=match):
+            TrainConfig.from_dict({**base, "final_window_short_blocks": value})
+    with pytest.raises(SpeedrunError, match=r"train\.final_window_short_blocks needs a model window_pattern"):
+        TrainConfig.from_dict({"preset": "tiny", "steps": 6, "tokens_per_step": 64, "final_window_short_blocks": 1})

@@ -64,6 +64,10 @@ class ScheduleSettings:
     final_window_long_blocks: int | None = None
     """The long window, in blocks, at the final validation (null: unchanged); at least that validation's short
     window; needs the model's ``window_pattern``."""
+    final_window_short_blocks: int | None = None
+    """The short window, in blocks, at the final validation (null: that of the last step's stage, else the
+    model's; record #31: 13 // 2 = 6 with its final long window 13); at most that validation's long window;
+    needs the model's ``window_pattern``."""
     untie_step: int | None = None
     """With the model's ``tie_embed_head``, the step at which the embedding is untied from the head and
     inherits its Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later:
@@ -282,6 +286,22 @@ class TrainConfig:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
         self._check_final_window()
+        self._check_final_short_window()
+
+    def _check_final_short_window(self) -> None:
+        """``final_window_short_blocks``: null, or an integer >= 1 that needs a window_pattern and is at most
+        the final validation's long window (record #31: 13 // 2 = 6 with the long window 13)."""
+        final = self.schedule.final_window_short_blocks
+        if final is None:
+            return
+        _check_int("final_window_short_blocks", final, 1)
+        if not self._preset_model().window_pattern:
+            raise SpeedrunError("train.final_window_short_blocks needs a model window_pattern")
+        blocks = self._scheduled_window_blocks(self.steps)
+        long = blocks[1] if blocks is not None else self._preset_model().window_long_blocks
+        if final > long:
+            raise SpeedrunError(f"train.final_window_short_blocks {final} is longer than the final validation's "
+                                f"long window of {long} blocks; expected short <= long")
 
     def _check_final_window(self) -> None:
         """Raise :class:`SpeedrunError` for a ``final_window_long_blocks`` below the final validation's short
@@ -403,8 +423,17 @@ class TrainConfig:
         return 2 * tokens if self._preset_model().paired_head_layers else tokens
 
     def window_blocks_at(self, step: int) -> tuple[int, int] | None:
-        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when
-        the model keeps its windows."""
+        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation, with
+        ``final_window_short_blocks`` when set), or None when the model keeps its windows."""
+        blocks = self._scheduled_window_blocks(step)
+        final_short = self.schedule.final_window_short_blocks
+        if step != self.steps or final_short is None:
+            return blocks
+        long = blocks[1] if blocks is not None else self.model_config().window_long_blocks
+        return final_short, long
+
+    def _scheduled_window_blocks(self, step: int) -> tuple[int, int] | None:
+        """:meth:`window_blocks_at` before ``final_window_short_blocks``."""
         if self.schedule.window_schedule:
             return window_blocks(step, self.steps, self.schedule.window_schedule,
                                  self.schedule.final_window_long_blocks)
