@@ -105,8 +105,10 @@ def test_record31_settings_are_the_records():
         assert lr_factor(step, s.steps, s.cooldown_frac, s.lr_floor) == pytest.approx(expected, abs=1e-12), step
     assert muon_momentum(150, s.momentum_warmup_steps) == pytest.approx(0.90)
     # get_ws: ws_schedule (3, 7, 11) over thirds, ws_validate 13 at the final validation; short = ws // 2
-    assert [cfg.window_blocks_at(step) for step in (0, 556, 557, 1115, 1669)] == [
-        (1, 3), (1, 3), (3, 7), (5, 11), (5, 11)]
+    assert [cfg.window_blocks_at(step) for step in (0, 556, 557, 1113, 1114, 1669)] == [
+        (1, 3), (1, 3), (3, 7), (3, 7), (5, 11), (5, 11)]               # int(3·step / 1671): 557, 1114
+    ws = lambda step: (3, 7, 11)[int(3 * step / 1671)]                  # noqa: E731  its get_ws
+    assert all(cfg.window_blocks_at(step)[1] == ws(step) for step in range(1670))
     assert cfg.window_blocks_at(1670) == (6, 13)                                 # 13 // 2 = 6
     model = cfg.model_config()
     assert (model.attention_scale, model.yarn, model.mlp_free_layers, model.attention_free_layers) == (
@@ -130,3 +132,32 @@ def test_final_window_short_blocks_sets_the_final_validations_short_window_only(
             TrainConfig.from_dict({**base, "final_window_short_blocks": value})
     with pytest.raises(SpeedrunError, match=r"train\.final_window_short_blocks needs a model window_pattern"):
         TrainConfig.from_dict({"preset": "tiny", "steps": 6, "tokens_per_step": 64, "final_window_short_blocks": 1})
+
+
+def test_window_stage_span_steps_plus_one_moves_the_stage_boundaries_as_record31s_get_ws():
+    base = {"preset": "tiny", "steps": 5, "tokens_per_step": 64, "model": {"window_pattern": "SLSL"},
+            "window_schedule": [[1, 2], [2, 3]], "final_window_long_blocks": 4}
+    plain = TrainConfig.from_dict(base)
+    plus = TrainConfig.from_dict({**base, "window_stage_span": "steps_plus_one"})
+    # 5 steps in halves: stage_index starts the second at round(2.5) = 3; int(2·s/6) at s = 3 too; at 6 steps
+    # (round 3 against int(2·s/7): 4) they differ
+    assert [plain.window_blocks_at(s) for s in range(6)] == [(1, 2)] * 3 + [(2, 3)] * 2 + [(2, 4)]
+    assert [plus.window_blocks_at(s) for s in range(6)] == [(1, 2)] * 3 + [(2, 3)] * 2 + [(2, 4)]
+    six = TrainConfig.from_dict({**base, "steps": 6, "window_stage_span": "steps_plus_one"})
+    assert [six.window_blocks_at(s) for s in range(7)] == [(1, 2)] * 4 + [(2, 3)] * 2 + [(2, 4)]
+    assert [TrainConfig.from_dict({**base, "steps": 6}).window_blocks_at(s) for s in range(7)] == [
+        (1, 2)] * 3 + [(2, 3)] * 3 + [(2, 4)]
+    with pytest.raises(SpeedrunError, match=r"train\.window_stage_span must be one of steps, steps_plus_one"):
+        TrainConfig.from_dict({**base, "window_stage_span": "thirds"})
+
+
+def test_the_warm_up_compiles_at_the_window_stage_starts_of_the_span():
+    from speedrun.training.loop import warm_up_steps
+
+    cfg = train_configs(experiment("record31"))["baseline"]
+    assert cfg.window_stage_starts() == [0, 557, 1114]
+    assert [cfg.window_blocks_at(s - 1) != cfg.window_blocks_at(s) for s in (557, 1114)] == [True, True]
+    assert warm_up_steps(cfg) == [0, 557, 1114]
+    plain = TrainConfig.from_dict({**experiment("record31")["train"], "window_stage_span": "steps"})
+    assert plain.window_stage_starts() == [0, 557, 1113] and warm_up_steps(plain) == [0, 557, 1113]
+    assert train_configs(experiment("record12"))["baseline"].window_stage_starts() == []

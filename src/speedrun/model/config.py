@@ -721,8 +721,7 @@ PRESETS["record12"] = GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=12
 #   "LSSSLSSLSSSL"; long ws, short ws // 2, ws 3 -> 7 -> 11 over thirds: train.window_schedule
 #   [[1, 3], [3, 7], [5, 11]], final (13 // 2, 13) = (6, 13) (train.final_window_short_blocks and
 #   final_window_long_blocks). Its FA3 window_size (W, 0) lets a query see W + 1 keys (W = 128·blocks),
-#   ours W: window_extra_keys 1. Its stages split step / 1671 into thirds, ours the 1670 steps: step 1113
-#   has window 11 here, 7 there, NOT mapped.
+#   ours W: window_extra_keys 1. Its stages split step / 1671 into thirds: train.window_stage_span.
 #   Logits 30·σ(z/7.5) = 15·tanh(z/15) + 15, the same softmax: logit_softcap 15, "tanh". Its training
 #   loss is summed over each rank's tokens (validation: mean): ours is the mean, the same directions for
 #   Muon (scale-free) and for Adam with ε divided by the 49,152 tokens per rank (train.adam_eps).

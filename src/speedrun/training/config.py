@@ -26,11 +26,12 @@ from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig,
                                    ScheduleConfig)
-from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
+from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+WindowStageSpan = Literal["steps", "steps_plus_one"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class ScheduleSettings:
     """The short window, in blocks, at the final validation (null: that of the last step's stage, else the
     model's; record #31: 13 // 2 = 6 with its final long window 13); at most that validation's long window;
     needs the model's ``window_pattern``."""
+    window_stage_span: WindowStageSpan = "steps"
+    """How ``window_schedule`` splits the steps: ``steps`` (equal stages of the steps,
+    :func:`speedrun.optim.schedules.stage_index`) or ``steps_plus_one`` (record #31's get_ws: step s < steps
+    is in stage ``int(n·s / (steps + 1))`` of n; for 1670 steps the third stage starts at 1114, not 1113);
+    the final validation takes the last stage's windows either way (:meth:`TrainConfig.window_blocks_at`,
+    :meth:`TrainConfig.window_stage_starts`)."""
     untie_step: int | None = None
     """With the model's ``tie_embed_head``, the step at which the embedding is untied from the head and
     inherits its Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later:
@@ -214,6 +221,7 @@ class TrainConfig:
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
+        _check_choice("window_stage_span", self.schedule.window_stage_span, get_args(WindowStageSpan))
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self._check_device()
@@ -432,8 +440,22 @@ class TrainConfig:
         long = blocks[1] if blocks is not None else self.model_config().window_long_blocks
         return final_short, long
 
+    def window_stage_starts(self) -> list[int]:
+        """The first step of each ``window_schedule`` stage (empty without one): the stage starts of
+        :func:`speedrun.optim.schedules.stage_starts`, or with ``window_stage_span`` ``steps_plus_one`` the
+        smallest s with ``n·s >= k·(steps + 1)`` for stage k of n (record #31: 0, 557, 1114 of 1670)."""
+        n = len(self.schedule.window_schedule)
+        if not n:
+            return []
+        if self.schedule.window_stage_span == "steps_plus_one":
+            return [-(-k * (self.steps + 1) // n) for k in range(n)]
+        return stage_starts(self.steps, n)
+
     def _scheduled_window_blocks(self, step: int) -> tuple[int, int] | None:
         """:meth:`window_blocks_at` before ``final_window_short_blocks``."""
+        schedule = self.schedule.window_schedule
+        if schedule and self.schedule.window_stage_span == "steps_plus_one" and step < self.steps:
+            return schedule[len(schedule) * step // (self.steps + 1)]                  # record #31's get_ws
         if self.schedule.window_schedule:
             return window_blocks(step, self.steps, self.schedule.window_schedule,
                                  self.schedule.final_window_long_blocks)
