@@ -166,6 +166,11 @@ def test_torch_linear_init_is_uniform_on_one_over_sqrt_fan_in():
     ({"mlp_free_layers": (1,), "attention_free_layers": (1,)}, r"model\.mlp_free_layers names layer 1"),
     ({"mlp_free_layers": (3,)}, r"model\.mlp_free_layers must be increasing layer indices in 0\.\.2"),
     ({"linear_init": "kaiming"}, r"model\.linear_init must be one of speedrun, torch"),
+    ({"value_residual": True, "residual_form": "sublayer"},
+     r"model\.value_residual .*needs model\.residual_form block"),
+    ({"value_residual": True, "sa_lambdas": True}, r"model\.value_residual .*no model\.sa_lambdas"),
+    ({"mlp_free_layers": (1,), "residual_form": "sublayer"},
+     r"model\.mlp_free_layers .*need model\.residual_form block"),
 ])
 def test_bad_record12_31_switches_are_named(overrides, match):
     with pytest.raises(SpeedrunError, match=match):
