@@ -1,6 +1,6 @@
 """The GPU presets on a CUDA GPU: paired-head attention through the compiled FlexAttention kernel against
-the reference, and a training step of ``gpt124m`` and ``record28`` at full size (bf16 autocast, FP8
-switches on, FlexAttention) with finite gradients for every parameter."""
+the reference, and a training step of ``gpt124m``, ``record28``, ``record12`` and ``record31`` at full size
+(bf16 autocast, FP8 switches on, FlexAttention) with finite gradients for every parameter."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_paired_attention_through_flex_on_cuda_matches_the_reference():
 
 
 @pytest.mark.slow                         # FlexAttention compiles a kernel per window and length: about a minute
-@pytest.mark.parametrize("preset", ["gpt124m", "record28"])
+@pytest.mark.parametrize("preset", ["gpt124m", "record28", "record12", "record31"])
 def test_a_full_size_training_step_on_cuda(preset):
     torch.manual_seed(0)
     model = GPT(build_model_config(preset)).cuda().train()

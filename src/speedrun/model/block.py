@@ -33,6 +33,7 @@ from speedrun.model.mlp import MLP
 from speedrun.model.norm import rms_norm
 from speedrun.model.paired import paired_attention
 from speedrun.model.rotary import apply_rotary
+from speedrun.model.value_residual import VALUE_RESIDUAL_INIT, mix_value_residual
 from speedrun.model.xsa import xsa
 
 
@@ -70,7 +71,9 @@ class CausalSelfAttention(nn.Module):
     (:class:`speedrun.model.gates.ValueEmbedGate`, parameter ``ve_gate``; records #55, #70); with
     ``config.value_lambdas`` (record #28's "SA lambdas") the parameter ``value_lambdas`` (2,) (λ0, λ1), from
     (0.5, 0.5), weights them: ``v = λ0·v + λ1·ve``, or ``v = λ0·v`` when the layer has no value embedding
-    (:meth:`mix_values`).
+    (:meth:`mix_values`). With ``config.value_residual`` (record #12) every layer after 0 has the parameter
+    ``value_residual_lambda`` (1,) from 0.5 and its ``value_embed`` is layer 0's values v_0:
+    ``v = (1 - λ)·v + λ·v_0`` (:mod:`speedrun.model.value_residual`).
     Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels apply). With
     ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic scale for the
     three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`, used only while
@@ -113,6 +116,8 @@ class CausalSelfAttention(nn.Module):
                      if layer in config.attention_gate_layers and not config.mudd_gates else None)
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if config.value_lambdas else None
         mudd_layer = config.mudd and layer == config.mudd_layer           # MUDD gates its value embedding
+        self.value_residual_lambda = (nn.Parameter(torch.tensor([VALUE_RESIDUAL_INIT]))        # record #12
+                                      if config.value_residual and layer > 0 else None)
         self.ve_gate = (ValueEmbedGate(config.n_head)
                         if config.value_embed_gates and layer in config.value_embed_layers and not mudd_layer
                         else None)
@@ -186,6 +191,8 @@ class CausalSelfAttention(nn.Module):
         attention input (T, C), needed only then (``ValueError`` when it is None). The λ enter as 0-d fp32
         tensors, which do not promote a bf16 v (the record's arithmetic); the branches depend on None-ness
         only, not on tensor values."""
+        if self.value_residual_lambda is not None:             # record #12: value_embed holds layer 0's v
+            return v if value_embed is None else mix_value_residual(v, value_embed, self.value_residual_lambda)
         ve = None if value_embed is None else value_embed.view(v.shape).type_as(v)     # (T, H, Dh)
         if ve is not None and self.ve_gate is not None:
             if x is None:
@@ -239,14 +246,15 @@ class Block(nn.Module):
     With ``config.x0_lambdas`` (record #9, the x0 shortcut), the block first mixes in the normalized input
     embedding x0: ``x = lambdas[0]·x + lambdas[1]·x0``, ``lambdas`` (2,) fp32 learned per layer from
     (``config.resid_lambda_init``, 0) (1.1 in the current record, #45).
-    A layer in ``config.attention_free_layers`` has no attention (``attn`` None; record #17). A bigram
+    A layer in ``config.attention_free_layers`` has no attention (``attn`` None; record #17), one in
+    ``config.mlp_free_layers`` no MLP (``mlp`` None; record #31's layer 0). A bigram
     injection (records #62, #83) is added after the attention sublayer.
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
         self.attn = None if layer in config.attention_free_layers else CausalSelfAttention(config, layer)
-        self.mlp = MLP(config)
+        self.mlp = None if layer in config.mlp_free_layers else MLP(config)                  # record #31
         self.lambdas = nn.Parameter(torch.tensor([config.resid_lambda_init, 0.0])) if config.x0_lambdas else None
 
     def forward(self, x: torch.Tensor, x0: torch.Tensor, context: AttentionContext,
@@ -261,7 +269,7 @@ class Block(nn.Module):
             x = x + self.attn(rms_norm(x), context, window, value_embed)
         if bigram is not None:
             x = x + bigram.type_as(x)
-        return x + self.mlp(rms_norm(x))
+        return x if self.mlp is None else x + self.mlp(rms_norm(x))
 
 
 def dc_function() -> Callable[..., Any]:

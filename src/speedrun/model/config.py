@@ -40,6 +40,8 @@ ROPE_MODES: tuple[str, ...] = get_args(RopeMode)
 SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
 RESIDUAL_FORMS: tuple[str, ...] = get_args(ResidualForm)
 XSA_FORMS: tuple[str, ...] = get_args(XsaForm)
+LinearInit = Literal["speedrun", "torch"]
+LINEAR_INITS: tuple[str, ...] = get_args(LinearInit)
 GATE_CHANNELS = 12
 VE_GATE_CHANNELS = 6
 GPT2_VOCAB = 50257
@@ -204,6 +206,26 @@ class GPTConfig:
             ``prefix_weight`` adds ``prefix_weight · CE(logits_t, prefix(target_t))`` to each position's loss
             (:meth:`speedrun.model.gpt.GPT.forward`). The record builds the table inside its timed region
             (a fraction of a second); we build it once, before. Needs vocab_size >= 50257 (the GPT-2 vocabulary).
+        mlp_free_layers: layers without an MLP, attention only (record #31, 2025-09-10 YaRN, after PR 120 of
+            modded-nanogpt: layer 0 of 12). Such a block is ``x += attn(norm(x))``; a layer may not lack both.
+            Block form only (``residual_form: block``).
+        value_residual: value residual learning (Zhou et al. 2024, arXiv 2410.17897; record #12, 2024-11-19
+            FlexAttention, which has it): every attention layer after layer 0 mixes layer 0's
+            values into its own, ``v = (1 - λ)·v + λ·v_0`` with its learned λ (parameter
+            ``value_residual_lambda`` (1,) from 0.5, kind ``scalar``); layer 0 keeps its v (the record gives
+            it a λ too, whose gradient is identically 0). Needs an attention layer 0, no value embeddings and
+            no ``value_lambdas`` (the later records' successors of this switch), the block form and no
+            ``sa_lambdas``. See
+            :mod:`speedrun.model.value_residual`.
+        linear_init: ``"speedrun"`` (q, k, v and the MLP's fc uniform with std 0.5/sqrt(fan_in), record #20's
+            init) or ``"torch"`` (``nn.Linear``'s default, uniform on ±1/sqrt(fan_in), std 1/sqrt(3·fan_in):
+            record #12, whose ``CastedLinear`` keeps it). The output projections and the head start at zero
+            either way. See :func:`speedrun.model.init.init_torch_linear_`.
+        window_extra_keys: keys a sliding window sees beyond its blocks: a window of b blocks spans
+            ``b·window_block_size + window_extra_keys`` keys, the query's own included (0, or 1 for record #31,
+            2025-09-10 YaRN: its flash-attention call's ``window_size = (b·128, 0)`` reaches back b·128
+            positions, b·128 + 1 keys; speedrun.model.windows). YaRN's ratios stay those of the blocks. An
+            integer >= 0; needs a window_pattern when not 0.
 
     Raises :class:`SpeedrunError` (naming the field) on a non-positive size, an odd head_dim, an unknown mode,
     a layer index out of range, or switches that do not fit together (e.g. paired heads with an odd n_head).
@@ -270,6 +292,10 @@ class GPTConfig:
     cross_entropy: CrossEntropyImpl = "chunked"
     loss_chunk_tokens: int = 64
     prefix_token_loss: bool = False
+    mlp_free_layers: tuple[int, ...] = ()
+    value_residual: bool = False
+    linear_init: LinearInit = "speedrun"
+    window_extra_keys: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "model_dim", "n_head", "head_dim", "mlp_ratio",
@@ -312,6 +338,7 @@ class GPTConfig:
         self._check_prefix_token_loss()
         self._check_sublayer_form()
         self._check_mudd()
+        self._check_record12_31_switches()
 
     def _check_sublayer_form(self) -> None:
         """The switches of records #77-#88 (see the field docs)."""
@@ -389,6 +416,36 @@ class GPTConfig:
         if self.prefix_token_loss and self.vocab_size < GPT2_VOCAB:
             raise SpeedrunError(f"model.prefix_token_loss needs the GPT-2 vocabulary: model.vocab_size >= "
                                 f"{GPT2_VOCAB}, got {self.vocab_size}")
+
+    def _check_record12_31_switches(self) -> None:
+        """mlp_free_layers and window_extra_keys (record #31), value_residual and linear_init (record #12)."""
+        self._check_layers("mlp_free_layers")
+        both = sorted(set(self.mlp_free_layers) & set(self.attention_free_layers))
+        if both:
+            raise SpeedrunError(f"model.mlp_free_layers names layer {both[0]}, which attention_free_layers also "
+                                "names: a block needs its attention or its MLP")
+        if self.mlp_free_layers and self.residual_form != "block":
+            raise SpeedrunError("model.mlp_free_layers (record #31) are blocks of the block form: they need "
+                                "model.residual_form block")
+        _check_mode("linear_init", self.linear_init, LINEAR_INITS)
+        if not _is_int(self.window_extra_keys) or self.window_extra_keys < 0:
+            raise SpeedrunError(f"model.window_extra_keys must be an integer >= 0, got {self.window_extra_keys!r}")
+        if self.window_extra_keys and not self.window_pattern:
+            raise SpeedrunError("model.window_extra_keys widens the sliding windows: it needs a window_pattern")
+        if not isinstance(self.value_residual, bool):
+            raise SpeedrunError(f"model.value_residual must be true or false, got {self.value_residual!r}")
+        if not self.value_residual:
+            return
+        if 0 in self.attention_free_layers:
+            raise SpeedrunError("model.value_residual mixes layer 0's values into the later layers: layer 0 "
+                                "needs attention (attention_free_layers names it)")
+        if self.value_embed_layers or self.value_lambdas:
+            raise SpeedrunError("model.value_residual (record #12) and the value embeddings / value_lambdas of "
+                                "the later records both mix into v: use one or the other")
+        if self.residual_form != "block" or self.sa_lambdas:
+            raise SpeedrunError("model.value_residual (record #12) recomputes layer 0's values in the block form "
+                                "without q/k/v lambdas: it needs model.residual_form block and no "
+                                "model.sa_lambdas")
 
     def _check_layers(self, name: str) -> None:
         """A per-layer switch: increasing layer indices in 0..n_layer-1 (a list from YAML becomes a tuple)."""
@@ -606,6 +663,83 @@ PRESETS["record89"] = dataclasses.replace(
     PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
     attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112,
     fp8_mlp_down=True)
+
+# Record #12, 2024-11-19 FlexAttention (../shared/reference-logs/2024-11-19_FlexAttention, its train_gpt.py;
+# 1875 steps, val_loss 3.2783). Each element against ours:
+#   12 layers of width 768, 6 heads of 128, MLP 4x with ReLU², every block with attention and MLP: the shape.
+#   Vocabulary 50304 (50257 padded to a multiple of 128): vocab_size. Embedding N(0, 1) and untied head at
+#   zero: our defaults (tie_embed_head off). Input RMS norm of the embedding, pre-norm blocks without gain,
+#   final norm: ours always. q, k, v and the MLP's fc initialized as nn.Linear leaves them (uniform on
+#   ±1/sqrt(768)), attention and MLP output projections at zero: linear_init "torch".
+#   Value residual: v = (1 - λ)·v + λ·v_0, v_0 layer 0's values, λ per layer from 0.5: value_residual.
+#   No value embeddings, no attention gate, no smear, no bigram, no FP8, no backout, no key offset.
+#   x = λ0·x + λ1·x0 with λ from (1, 0) in every block: x0_lambdas (resid_lambda_init 1).
+#   U-net: layers 0-5 save their outputs, layer 6 + i adds skip_weights[i]·(output of 5 - i), weights from 1:
+#   skip_connections "unet".
+#   QK-norm (rms_norm of q and k): ours always. RoPE base 10000 on all 64 pairs (x[i], x[i + 64]) of a
+#   head, positions of the packed sequence: rope "full", rope_base 10000. The record turns by -θ where we
+#   turn by +θ and counts positions over the whole 64K sequence where we restart them per document; both
+#   leave every score within a document unchanged up to a fixed sign flip of q/k dims 64-127, which the
+#   learned W_q, W_k absorb (its cos/sin tables are bf16, ours fp32).
+#   Attention scale 1/sqrt(128) (flex_attention's default): attention_scale None, no YaRN.
+#   Mask: causal, same document (BOS 50256 starts one), q - k < 1024: every layer a window of exactly 1024
+#   keys, itself included, the same at every step: window_pattern all L with 8 blocks of 128 (short 8 too;
+#   the training config sets no window schedule). FlexAttention: attention_backend "flex".
+#   Logits 30·tanh(z/30) in fp32, mean cross-entropy: logit_softcap 30, softcap_kind "tanh"; the fused
+#   cross-entropy computes the same loss.
+#   Storage: the record casts the model to bf16 (embedding, λs and skip weights in bf16; the linear
+#   weights fp32, cast to bf16 in the product); ours keeps fp32 weights under bf16 autocast. NOT mapped
+#   (a training dtype policy, not a model switch).
+PRESETS["record12"] = GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+                                rope="full", rope_base=10000.0, attention_scale=None,
+                                window_pattern="L" * 12, window_short_blocks=8, window_long_blocks=8,
+                                logit_softcap=30.0, softcap_kind="tanh", x0_lambdas=True, skip_connections="unet",
+                                value_residual=True, linear_init="torch", attention_backend="flex",
+                                cross_entropy="fused", rotary_kernel="triton")
+# Record #31, 2025-09-10 YaRN (../shared/reference-logs/2025-09-10_Yarn, its train_gpt.py; 7 runs of 1670
+# steps, val_loss 3.2786 ± 0.0010). record28's architecture but: no MLP in layer 0 (PR 120), the 3/7/11 windows,
+# attention scale 0.1 with YaRN. Each element against ours:
+#   12 layers of width 768, 6 heads of 128, MLP 4x ReLU²; layer 7 without attention, layer 0 without MLP:
+#   attention_free_layers (7,), mlp_free_layers (0,). Vocabulary 50257 -> 50304 (next multiple of 128).
+#   Embedding and 3 value-embedding tables N(0, 1) (nn.Embedding's default; stored in bf16, ours fp32),
+#   laid out 0 1 2 on layers 0, 1, 2 and again on 9, 10, 11: value_embed_layers, value_embed_tables 3,
+#   value_embed_std 1.0. Values v = λ0·v + λ1·ve (λ0·v without a value embedding), its "SA lambdas" from
+#   (0.5, 0.5): value_lambdas.
+#   x0 lambdas from (1, 0): x0_lambdas. U-net skips, 6 weights from 1: skip_connections "unet".
+#   Sparse attention gate sigmoid(W x[:12]) per head, W (6, 12) from zero, on every attention layer:
+#   attention_gate_layers (its Muon training: train.muon_attention_gates).
+#   q, k, v, fc uniform with std 0.5/sqrt(768), o and MLP proj and head at zero: linear_init "speedrun"
+#   (our default). Untied embedding and head.
+#   QK-norm; half-truncated RoPE, 32 frequencies (1/1024)^linspace(0, 1, 32) and 32 zeros: rope
+#   "half_truncated". Its pairs are (x[i], x[i + 64]) turned by -θ, ours (x[2i], x[2i+1]) turned by +θ: a
+#   fixed signed permutation of the q/k dims, which W_q, W_k absorb (uniform init, Muon and the QK-norm
+#   are invariant under it).
+#   Attention scale 0.1, times 1 + 0.2·ln(new/old) and YaRN on the rotary frequencies (alpha 1, beta 32)
+#   whenever the long window grows (3 -> 7 -> 11 blocks, then 13 for the final validation): attention_scale
+#   0.1, yarn.
+#   Windows in 128-token blocks, long on layers 0, 4, 7, 11 and short elsewhere: window_pattern
+#   "LSSSLSSLSSSL"; long ws, short ws // 2, ws 3 -> 7 -> 11 over thirds: train.window_schedule
+#   [[1, 3], [3, 7], [5, 11]], final (13 // 2, 13) = (6, 13) (train.final_window_short_blocks and
+#   final_window_long_blocks). Its FA3 window_size (W, 0) lets a query see W + 1 keys (W = 128·blocks),
+#   ours W: window_extra_keys 1. Its stages split step / 1671 into thirds: train.window_stage_span.
+#   Logits 30·σ(z/7.5) = 15·tanh(z/15) + 15, the same softmax: logit_softcap 15, "tanh". Its training
+#   loss is summed over each rank's tokens (validation: mean): ours is the mean, the same directions for
+#   Muon (scale-free) and for Adam with ε divided by the 49,152 tokens per rank (train.adam_eps).
+#   FP8 head in training: fp8_head. Its scales x/(√768/448), W/2^-9 and a fixed gradient scale 1/448
+#   differ from ours (HEAD's x/(100/448), W/(1.6/448), dynamic e5m2 gradient, speedrun.model.fp8): NOT
+#   mapped (the head's scales are constants of the loss, shared by every preset).
+#   Flash attention varlen over BOS-aligned documents of at most 2048 tokens: attention_backend "flex"
+#   (the same document-causal windowed attention) and train.max_seq_len 2048.
+PRESETS["record31"] = GPTConfig(n_layer=12, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
+                                rope="half_truncated", attention_scale=0.1, yarn=True,
+                                window_pattern="LSSSLSSLSSSL", window_short_blocks=1, window_long_blocks=3,
+                                logit_softcap=15.0, softcap_kind="tanh", x0_lambdas=True,
+                                value_embed_layers=(0, 1, 2, 9, 10, 11), value_embed_tables=3,
+                                value_embed_std=1.0, value_lambdas=True, skip_connections="unet",
+                                attention_gate_layers=(0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11),
+                                attention_free_layers=(7,), mlp_free_layers=(0,), window_extra_keys=1,
+                                fp8_head=True, attention_backend="flex", cross_entropy="fused",
+                                rotary_kernel="triton")
 
 
 def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) -> GPTConfig:

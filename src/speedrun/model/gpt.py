@@ -33,7 +33,7 @@ from speedrun.model.block import AttentionContext, Block, CausalSelfAttention
 from speedrun.model.config import GPTConfig
 from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache
-from speedrun.model.init import init_output_
+from speedrun.model.init import init_output_, init_torch_linear_inputs_
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.mudd import DenseConnections, MuddGates
 from speedrun.model.norm import rms_norm
@@ -43,6 +43,7 @@ from speedrun.model.prefix import prefix_token_table
 from speedrun.model.residual import SublayerResidual, run_sublayers
 from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
+from speedrun.model.value_residual import first_layer_values
 from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
 ParamKind = Literal["embed", "head", "matrix", "scalar", "lambda", "resid_lambda", "skip_gate", "gate",
@@ -105,6 +106,8 @@ class GPT(nn.Module):
         self.head_fp8 = FP8WeightCache(HEAD_SCALES) if config.fp8_head else None      # see use_fp8_weight_cache
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)
         init_output_(self.lm_head.weight)
+        if config.linear_init == "torch":                                      # record #12's nn.Linear init
+            init_torch_linear_inputs_(self.blocks)
         self.tied = config.tie_embed_head
         if self.tied:
             with torch.no_grad():
@@ -168,7 +171,7 @@ class GPT(nn.Module):
         copy from host memory, so no wait for the queued work."""
         block = self.config.window_block_size
         for slot, blocks in enumerate(self.window_blocks):
-            self.window_sizes[slot].fill_(window_tokens(blocks, block))
+            self.window_sizes[slot].fill_(window_tokens(blocks, block) + self.config.window_extra_keys)
         self.attention_scale_buffer.fill_(self.attention_scale)
 
     def schedule_state(self) -> tuple:
@@ -293,9 +296,11 @@ class GPT(nn.Module):
         return self.head_fp8.operands(self.lm_head.weight)
 
     def layer_windows(self) -> list[int | None]:
-        """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``."""
+        """Per layer, the current window in tokens (None: whole document), from ``config.window_pattern``:
+        blocks x ``window_block_size`` plus ``config.window_extra_keys`` (record #31's FA3 window)."""
         cfg = self.config
-        return layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
+        windows = layer_windows(cfg.window_pattern, cfg.n_layer, *self.window_blocks, cfg.window_block_size)
+        return [w if w is None else w + cfg.window_extra_keys for w in windows]
 
     def _forward_windows(self) -> list[int | torch.Tensor | None]:
         """:meth:`layer_windows` as a forward pass uses them: with ``config.schedule_as_graph_inputs``, one
@@ -334,6 +339,8 @@ class GPT(nn.Module):
         which the final norm then reads (the record: the early layers' contributions serve later layers'
         context, not the prediction itself)."""
         x = x0 if bigrams[0] is None else x0 + bigrams[0].type_as(x0)
+        if self.config.value_residual:                   # record #12: layer 0's values into every later layer
+            value_embeds = [None] + [first_layer_values(self.blocks[0], x, x0)] * (len(self.blocks) - 1)
         skips = self.skips if self.config.skip_connections != "none" else None
         backout_layer, saved = self.config.backout_layer, None
         outputs: dict[int, torch.Tensor] = {}

@@ -9,6 +9,8 @@ from typing import Literal, Mapping, get_args
 
 Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
+MomentumForm = Literal["ema", "sgd"]
+MOMENTUM_FORMS: tuple[str, ...] = get_args(MomentumForm)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,12 @@ class OptimConfig:
     """The attention output gates' (H, 12) weights (kind ``scalar``) go to Muon at ``muon_lr`` instead of
     Adam's scalar group, as record #28's ``dampen`` (a 2-D weight inside its blocks, hence Muon's); needs a
     model with attention gates."""
+    muon_momentum_form: MomentumForm = "ema"
+    """Muon's momentum buffer: ``"ema"`` (buf = β·buf + (1-β)·G, Nesterov direction lerp(G, buf, β): the
+    records since #17) or ``"sgd"`` (buf = β·buf + G, Nesterov direction G + β·buf: record #12, 2024-11-19
+    FlexAttention, and the records before it; :func:`speedrun.optim.muon.sgd_momentum`). With a constant β
+    the two directions differ by the factor 1-β, which the orthogonalization removes; while β warms up they
+    weigh past gradients differently."""
 
 
 @dataclass(frozen=True)

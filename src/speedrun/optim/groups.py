@@ -172,7 +172,7 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
                                normuon_beta2=config.normuon_beta2,
                                cautious_weight_decay=config.cautious_weight_decay,
                                langevin_noise=config.langevin_noise, langevin_seed=config.langevin_seed,
-                               shard=config.shard_muon))
+                               shard=config.shard_muon, momentum_form=config.muon_momentum_form))
     seen = [id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]]
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     if sorted(seen) != sorted(trainable):

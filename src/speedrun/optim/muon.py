@@ -51,6 +51,17 @@ def nesterov_momentum(grad: torch.Tensor, buf: torch.Tensor, momentum: float, ne
     return grad.lerp(buf, momentum) if nesterov else buf.clone()
 
 
+def sgd_momentum(grad: torch.Tensor, buf: torch.Tensor, momentum: float, nesterov: bool = True) -> torch.Tensor:
+    """The SGD form of :func:`nesterov_momentum` (record #12, 2024-11-19 FlexAttention, and Muon's first
+    records): ``buf`` in place to ``momentum·buf + grad``; the direction ``grad + momentum·buf`` with
+    Nesterov, else ``buf`` (a new tensor either way). Elementwise: any shape."""
+    buf.mul_(momentum).add_(grad)
+    return grad.add(buf, alpha=momentum) if nesterov else buf.clone()
+
+
+MOMENTUM_UPDATES = {"ema": nesterov_momentum, "sgd": sgd_momentum}
+
+
 def second_moment_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     """Shape of NorMuon's reduced second-moment buffer for a (rows, cols) update: (rows, 1) when
     rows >= cols (one value per row of the longer side), else (1, cols)."""
@@ -117,6 +128,8 @@ class Muon(torch.optim.Optimizer):
         lr: learning rate η (per group; schedules rescale ``group["lr"]``).
         momentum: β in [0, 1) (scheduled through ``group["momentum"]``).
         nesterov: Nesterov-style update direction (default True).
+        momentum_form: ``"ema"`` (default, :func:`nesterov_momentum`) or ``"sgd"`` (record #12,
+            :func:`sgd_momentum`).
         weight_decay: weight decay λ.
         orthogonalizer: ``"polar_express"`` (default, record #38) or ``"newton_schulz"`` (records #3-#37).
         normuon_beta2: None (plain Muon) or the beta2 in [0, 1) of NorMuon's variance normalization
@@ -140,19 +153,22 @@ class Muon(torch.optim.Optimizer):
                  nesterov: bool = True, weight_decay: float = 0.0,
                  orthogonalizer: Orthogonalizer = "polar_express", normuon_beta2: float | None = None,
                  cautious_weight_decay: bool = False, langevin_noise: float = 0.0, langevin_seed: int = 0,
-                 shard: bool = True, process_group: object | None = None):
+                 shard: bool = True, process_group: object | None = None, momentum_form: str = "ema"):
         if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or langevin_noise < 0:
             raise ValueError(f"Muon needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0, langevin_noise >= 0; "
                              f"got lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
                              f"langevin_noise={langevin_noise}")
         if normuon_beta2 is not None and not 0.0 <= normuon_beta2 < 1.0:
             raise ValueError(f"normuon_beta2 must be None or in [0, 1), got {normuon_beta2}")
+        if momentum_form not in MOMENTUM_UPDATES:
+            raise ValueError(f"unknown momentum_form {momentum_form!r}; expected one of {', '.join(MOMENTUM_UPDATES)}")
         if orthogonalizer not in ORTHOGONALIZERS:
             raise ValueError(f"unknown orthogonalizer {orthogonalizer!r}; expected {ORTHOGONALIZERS}")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                         orthogonalizer=orthogonalizer, normuon_beta2=normuon_beta2,
                         cautious_weight_decay=cautious_weight_decay, langevin_noise=langevin_noise,
-                        langevin_sigma=langevin_noise, langevin_seed=langevin_seed, update_count=0)
+                        langevin_sigma=langevin_noise, langevin_seed=langevin_seed, update_count=0,
+                        momentum_form=momentum_form)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -220,7 +236,8 @@ class Muon(torch.optim.Optimizer):
         state = self._bank_state(bank, owned, start, slots, group["normuon_beta2"] is not None)
         first = bank.params[0]
         params = stack_padded(owned, slots, bank.shape, first.dtype, first.device)
-        direction = nesterov_momentum(grad, state.momentum, group["momentum"], group["nesterov"])
+        momentum_update = MOMENTUM_UPDATES[group.get("momentum_form", "ema")]
+        direction = momentum_update(grad, state.momentum, group["momentum"], group["nesterov"])
         update = orthogonalize(direction, group["orthogonalizer"]).to(grad.dtype)
         if group["normuon_beta2"] is not None:
             update = variance_normalize(update, state.second_moment, group["normuon_beta2"])

@@ -24,12 +24,14 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import ALL_ADAM_KINDS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig, ScheduleConfig
-from speedrun.optim.schedules import batch_stages, stage_index, window_blocks
+from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig,
+                                   ScheduleConfig)
+from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+WindowStageSpan = Literal["steps", "steps_plus_one"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,16 @@ class ScheduleSettings:
     final_window_long_blocks: int | None = None
     """The long window, in blocks, at the final validation (null: unchanged); at least that validation's short
     window; needs the model's ``window_pattern``."""
+    final_window_short_blocks: int | None = None
+    """The short window, in blocks, at the final validation (null: that of the last step's stage, else the
+    model's; record #31: 13 // 2 = 6 with its final long window 13); at most that validation's long window;
+    needs the model's ``window_pattern``."""
+    window_stage_span: WindowStageSpan = "steps"
+    """How ``window_schedule`` splits the steps: ``steps`` (equal stages of the steps,
+    :func:`speedrun.optim.schedules.stage_index`) or ``steps_plus_one`` (record #31's get_ws: step s < steps
+    is in stage ``int(n·s / (steps + 1))`` of n; for 1670 steps the third stage starts at 1114, not 1113);
+    the final validation takes the last stage's windows either way (:meth:`TrainConfig.window_blocks_at`,
+    :meth:`TrainConfig.window_stage_starts`)."""
     untie_step: int | None = None
     """With the model's ``tie_embed_head``, the step at which the embedding is untied from the head and
     inherits its Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later:
@@ -208,6 +220,8 @@ class TrainConfig:
         _check_choice("dtype", self.compute.dtype, get_args(ComputeDtype))
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
+        _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
+        _check_choice("window_stage_span", self.schedule.window_stage_span, get_args(WindowStageSpan))
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
         self._check_device()
@@ -280,6 +294,22 @@ class TrainConfig:
             raise SpeedrunError("train.window_schedule and train.final_window_long_blocks need a model "
                                 "window_pattern (which layers take the short and the long window)")
         self._check_final_window()
+        self._check_final_short_window()
+
+    def _check_final_short_window(self) -> None:
+        """``final_window_short_blocks``: null, or an integer >= 1 that needs a window_pattern and is at most
+        the final validation's long window (record #31: 13 // 2 = 6 with the long window 13)."""
+        final = self.schedule.final_window_short_blocks
+        if final is None:
+            return
+        _check_int("final_window_short_blocks", final, 1)
+        if not self._preset_model().window_pattern:
+            raise SpeedrunError("train.final_window_short_blocks needs a model window_pattern")
+        blocks = self._scheduled_window_blocks(self.steps)
+        long = blocks[1] if blocks is not None else self._preset_model().window_long_blocks
+        if final > long:
+            raise SpeedrunError(f"train.final_window_short_blocks {final} is longer than the final validation's "
+                                f"long window of {long} blocks; expected short <= long")
 
     def _check_final_window(self) -> None:
         """Raise :class:`SpeedrunError` for a ``final_window_long_blocks`` below the final validation's short
@@ -401,8 +431,31 @@ class TrainConfig:
         return 2 * tokens if self._preset_model().paired_head_layers else tokens
 
     def window_blocks_at(self, step: int) -> tuple[int, int] | None:
-        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation), or None when
-        the model keeps its windows."""
+        """The (short, long) windows in blocks for ``step`` (``steps``: the final validation, with
+        ``final_window_short_blocks`` when set), or None when the model keeps its windows."""
+        blocks = self._scheduled_window_blocks(step)
+        final_short = self.schedule.final_window_short_blocks
+        if step != self.steps or final_short is None:
+            return blocks
+        long = blocks[1] if blocks is not None else self.model_config().window_long_blocks
+        return final_short, long
+
+    def window_stage_starts(self) -> list[int]:
+        """The first step of each ``window_schedule`` stage (empty without one): the stage starts of
+        :func:`speedrun.optim.schedules.stage_starts`, or with ``window_stage_span`` ``steps_plus_one`` the
+        smallest s with ``n·s >= k·(steps + 1)`` for stage k of n (record #31: 0, 557, 1114 of 1670)."""
+        n = len(self.schedule.window_schedule)
+        if not n:
+            return []
+        if self.schedule.window_stage_span == "steps_plus_one":
+            return [-(-k * (self.steps + 1) // n) for k in range(n)]
+        return stage_starts(self.steps, n)
+
+    def _scheduled_window_blocks(self, step: int) -> tuple[int, int] | None:
+        """:meth:`window_blocks_at` before ``final_window_short_blocks``."""
+        schedule = self.schedule.window_schedule
+        if schedule and self.schedule.window_stage_span == "steps_plus_one" and step < self.steps:
+            return schedule[len(schedule) * step // (self.steps + 1)]                  # record #31's get_ws
         if self.schedule.window_schedule:
             return window_blocks(step, self.steps, self.schedule.window_schedule,
                                  self.schedule.final_window_long_blocks)

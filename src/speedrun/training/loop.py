@@ -38,7 +38,6 @@ from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import Optimizers, build_optimizers
-from speedrun.optim.schedules import stage_starts
 from speedrun.training.compile_cache import allow_training_graph_cache
 from speedrun.training.config import TrainConfig, resolve_dtype
 from speedrun.training.data import TrainingData, check_data_feeds, load_training_data
@@ -187,8 +186,7 @@ def warm_up_steps(config: TrainConfig) -> list[int]:
     #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan` replays them, all
     or (windows as graph inputs) one per graph."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
-    if config.schedule.window_schedule:
-        steps |= set(stage_starts(config.steps, len(config.schedule.window_schedule)))
+    steps |= set(config.window_stage_starts())
     return sorted(s for s in steps if s < config.steps)
 
 

@@ -1,0 +1,163 @@
+"""configs/records/record12.yaml and record31.yaml: each, read on top of config.yaml as Snakemake reads a
+--configfile (nested mappings merge), passes the workflow schema, and every variant builds a TrainConfig and
+its GPTConfig; the key figures equal the records' own, read by hand from their train_gpt.py in
+../shared/reference-logs (2024-11-19_FlexAttention, 2025-09-10_Yarn) and written here as numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from speedrun.errors import SpeedrunError
+from speedrun.optim.schedules import lr_factor, muon_momentum
+from speedrun.training.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    """``base`` updated with ``overrides``, nested mappings merged (Snakemake's update_config, the workflow's
+    variant merge)."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def experiment(name: str) -> dict:
+    config = merge(yaml.safe_load((ROOT / "config.yaml").read_text()),
+                   yaml.safe_load((ROOT / "configs/records" / f"{name}.yaml").read_text()))
+    jsonschema.validate(config, yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text()))
+    return config
+
+
+def train_configs(config: dict) -> dict[str, TrainConfig]:
+    return {name: TrainConfig.from_dict(merge(config["train"], variant.get("train", {})))
+            for name, variant in config["variants"].items()}
+
+
+@pytest.mark.parametrize("name,runs", [("record12", 10), ("record31", 7)])
+def test_the_record_config_validates_and_every_variant_builds(name, runs):
+    config = experiment(name)
+    assert set(config["variants"]) == {"baseline", "candidate"}       # config.yaml's candidate is overridden
+    assert config["variants"]["baseline"]["seeds"] == list(range(runs))
+    assert (config["data"]["source"], config["stats"]["target"], config["stats"]["baseline"]) == (
+        "fineweb-gpt2", 3.28, "baseline")
+    for variant, cfg in train_configs(config).items():
+        model = cfg.model_config()
+        assert (cfg.preset, cfg.world_size, cfg.compute.device, cfg.micro_batches) == (name, 8, "cuda", 8), variant
+        assert (model.n_layer, model.model_dim, model.n_head, model.head_dim, model.vocab_size) == (
+            12, 768, 6, 128, 50304), variant
+        assert (cfg.evaluation.val_tokens, cfg.evaluation.val_every) == (10485760, 125), variant
+        assert cfg.evaluation.val_tokens % (cfg.evaluation.val_batch_tokens * cfg.world_size) == 0
+        cfg.schedule_config()
+
+
+def test_record12_settings_are_the_records():
+    cfgs = train_configs(experiment("record12"))
+    cfg = cfgs["baseline"]
+    # Hyperparameters: num_iterations 1875, batch_size 8 x sequence_length 64*1024, val every 125 steps
+    assert (cfg.steps, cfg.tokens_per_step, cfg.micro_batch_tokens) == (1875, 524288, 65536)
+    assert cfg.evaluation.val_batch_tokens == 65536
+    assert cfg.schedule.batch_schedule == () and cfg.schedule.window_schedule == ()
+    # optimizer1-4: Adam wte 0.6, lm_head 0.008, scalars 0.04, betas (0.9, 0.95), eps 1e-8; Muon 0.04, 0.95
+    optim = cfg.optimizer
+    assert (optim.embed_lr, optim.head_lr, optim.scalar_lr, optim.muon_lr) == (0.6, 0.008, 0.04, 0.04)
+    assert (optim.adam_betas, optim.adam_eps, optim.muon_momentum) == ((0.9, 0.95), 1e-8, 0.95)
+    assert (optim.weight_decay, optim.adam_weight_decay, optim.orthogonalizer) == (0.0, 0.0, "newton_schulz")
+    assert (optim.mlp_fc_lr_mul, optim.mlp_proj_lr_mul, optim.muon_attention_gates) == (1.0, 1.0, False)
+    assert optim.muon_momentum_form == "sgd"                  # buf.mul_(momentum).add_(g); g.add(buf, momentum)
+    # get_lr: 1 before 1875 - 562 = 1313, then (1875 - it) / 562; momentum 0.85 -> 0.95 over 500 steps
+    s = cfg.schedule_config()
+    for step, expected in ((0, 1.0), (1312, 1.0), (1313, 1.0), (1314, 561 / 562), (1600, 275 / 562), (1874, 1 / 562)):
+        assert lr_factor(step, s.steps, s.cooldown_frac, s.lr_floor) == pytest.approx(expected, abs=1e-12), step
+    assert muon_momentum(250, s.momentum_warmup_steps) == pytest.approx(0.90)
+    assert muon_momentum(500, s.momentum_warmup_steps) == 0.95
+    model = cfg.model_config()
+    assert model.value_residual and model.window_long_blocks * model.window_block_size == 1024
+    assert cfg.window_blocks_at(0) is None and cfg.window_blocks_at(1875) is None      # fixed 1024 tokens
+    assert not cfgs["candidate"].model_config().value_residual and cfgs["candidate"].optimizer.muon_lr == 0.04
+
+
+def test_record31_settings_are_the_records():
+    cfgs = train_configs(experiment("record31"))
+    cfg = cfgs["baseline"]
+    # num_iterations 1670, train_batch_size 2048*24*8, train_max_seq_len 128*16, val_batch_size 4*64*1024*8
+    assert (cfg.steps, cfg.tokens_per_step, cfg.max_seq_len, cfg.micro_batch_tokens) == (1670, 393216, 2048, 49152)
+    assert cfg.evaluation.val_batch_tokens * cfg.world_size == 2097152
+    # DistAdam lr 0.008 x lr_mul (embed and value embeds 75, head 1, scalars 5), betas (0.8, 0.95); Muon 0.05
+    optim = cfg.optimizer
+    assert (optim.embed_lr, optim.head_lr, optim.scalar_lr) == pytest.approx((0.008 * 75, 0.008, 0.008 * 5))
+    assert (optim.muon_lr, optim.muon_momentum, optim.adam_betas) == (0.05, 0.95, (0.8, 0.95))
+    assert optim.adam_eps == pytest.approx(1e-10 / 49152, rel=1e-12)       # its ε on a loss summed per GPU
+    assert (optim.weight_decay, optim.adam_weight_decay, optim.orthogonalizer) == (0.0, 0.0, "newton_schulz")
+    assert (optim.mlp_fc_lr_mul, optim.muon_attention_gates) == (0.5, True)   # its (768, 3072) c_fc; gates
+    assert optim.muon_momentum_form == "ema"                  # momentum_buffer.lerp_(grad, 1 - momentum)
+    # get_lr: x = step/1670, 1 before x = 0.5, then w + (1 - w)·0.1 with w = (1 - x)/0.5
+    s = cfg.schedule_config()
+    for step in (0, 834, 835, 1000, 1669):
+        x = step / 1670
+        expected = 1.0 if x < 0.5 else (1 - x) / 0.5 + (1 - (1 - x) / 0.5) * 0.1
+        assert lr_factor(step, s.steps, s.cooldown_frac, s.lr_floor) == pytest.approx(expected, abs=1e-12), step
+    assert muon_momentum(150, s.momentum_warmup_steps) == pytest.approx(0.90)
+    # get_ws: ws_schedule (3, 7, 11) over thirds, ws_validate 13 at the final validation; short = ws // 2
+    assert [cfg.window_blocks_at(step) for step in (0, 556, 557, 1113, 1114, 1669)] == [
+        (1, 3), (1, 3), (3, 7), (3, 7), (5, 11), (5, 11)]               # int(3·step / 1671): 557, 1114
+    ws = lambda step: (3, 7, 11)[int(3 * step / 1671)]                  # noqa: E731  its get_ws
+    assert all(cfg.window_blocks_at(step)[1] == ws(step) for step in range(1670))
+    assert cfg.window_blocks_at(1670) == (6, 13)                                 # 13 // 2 = 6
+    model = cfg.model_config()
+    assert (model.attention_scale, model.yarn, model.mlp_free_layers, model.attention_free_layers) == (
+        0.1, True, (0,), (7,))
+    assert not cfgs["candidate"].model_config().yarn and cfgs["candidate"].optimizer.muon_lr == 0.05
+
+
+def test_final_window_short_blocks_sets_the_final_validations_short_window_only():
+    base = {"preset": "tiny", "steps": 6, "tokens_per_step": 64, "model": {"window_pattern": "SLSL"},
+            "window_schedule": [[1, 2], [2, 3]], "final_window_long_blocks": 4}
+    cfg = TrainConfig.from_dict({**base, "final_window_short_blocks": 3})
+    assert [cfg.window_blocks_at(s) for s in (0, 5, 6)] == [(1, 2), (2, 3), (3, 4)]
+    assert TrainConfig.from_dict(base).window_blocks_at(6) == (2, 4)                   # null: the stage's
+    fixed = TrainConfig.from_dict({"preset": "tiny", "steps": 6, "tokens_per_step": 64,
+                                   "model": {"window_pattern": "SL", "n_layer": 2}, "final_window_short_blocks": 2})
+    assert fixed.window_blocks_at(5) is None and fixed.window_blocks_at(6) == (2, 3)   # the model's long 3
+    for value, match in ((5, r"train\.final_window_short_blocks 5 is longer than the final validation's long "
+                              r"window of 4 blocks"),
+                         (0, r"train\.final_window_short_blocks must be an integer >= 1")):
+        with pytest.raises(SpeedrunError, match=match):
+            TrainConfig.from_dict({**base, "final_window_short_blocks": value})
+    with pytest.raises(SpeedrunError, match=r"train\.final_window_short_blocks needs a model window_pattern"):
+        TrainConfig.from_dict({"preset": "tiny", "steps": 6, "tokens_per_step": 64, "final_window_short_blocks": 1})
+
+
+def test_window_stage_span_steps_plus_one_moves_the_stage_boundaries_as_record31s_get_ws():
+    base = {"preset": "tiny", "steps": 5, "tokens_per_step": 64, "model": {"window_pattern": "SLSL"},
+            "window_schedule": [[1, 2], [2, 3]], "final_window_long_blocks": 4}
+    plain = TrainConfig.from_dict(base)
+    plus = TrainConfig.from_dict({**base, "window_stage_span": "steps_plus_one"})
+    # 5 steps in halves: stage_index starts the second at round(2.5) = 3; int(2·s/6) at s = 3 too; at 6 steps
+    # (round 3 against int(2·s/7): 4) they differ
+    assert [plain.window_blocks_at(s) for s in range(6)] == [(1, 2)] * 3 + [(2, 3)] * 2 + [(2, 4)]
+    assert [plus.window_blocks_at(s) for s in range(6)] == [(1, 2)] * 3 + [(2, 3)] * 2 + [(2, 4)]
+    six = TrainConfig.from_dict({**base, "steps": 6, "window_stage_span": "steps_plus_one"})
+    assert [six.window_blocks_at(s) for s in range(7)] == [(1, 2)] * 4 + [(2, 3)] * 2 + [(2, 4)]
+    assert [TrainConfig.from_dict({**base, "steps": 6}).window_blocks_at(s) for s in range(7)] == [
+        (1, 2)] * 3 + [(2, 3)] * 3 + [(2, 4)]
+    with pytest.raises(SpeedrunError, match=r"train\.window_stage_span must be one of steps, steps_plus_one"):
+        TrainConfig.from_dict({**base, "window_stage_span": "thirds"})
+
+
+def test_the_warm_up_compiles_at_the_window_stage_starts_of_the_span():
+    from speedrun.training.loop import warm_up_steps
+
+    cfg = train_configs(experiment("record31"))["baseline"]
+    assert cfg.window_stage_starts() == [0, 557, 1114]
+    assert [cfg.window_blocks_at(s - 1) != cfg.window_blocks_at(s) for s in (557, 1114)] == [True, True]
+    assert warm_up_steps(cfg) == [0, 557, 1114]
+    plain = TrainConfig.from_dict({**experiment("record31")["train"], "window_stage_span": "steps"})
+    assert plain.window_stage_starts() == [0, 557, 1113] and warm_up_steps(plain) == [0, 557, 1113]
+    assert train_configs(experiment("record12"))["baseline"].window_stage_starts() == []
