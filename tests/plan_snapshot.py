@@ -2,7 +2,8 @@
 
 Each job is its rule, wildcards, outputs, logs, priority, threads, resources and shell command (which carries
 every param), plus its inputs other than the package's own source files (a module that moves changes those
-paths but not what the job computes). The train rule's launcher path is replaced by ``<launcher>``.
+paths but not what the job computes). The train rule's launcher path is replaced by ``<launcher>``, and the
+interpreter's path before ``-m`` by ``<python>``.
 
     python tests/plan_snapshot.py     (records the fixtures tests/data/plan-*.json; only on a reference commit)
 """
@@ -44,8 +45,9 @@ def _job(block: list[str], workdir: Path) -> dict:
             job[key] = value
         elif line.startswith("Shell command: "):
             command = line[len("Shell command: "):]
-            job["shell"] = re.sub(r"^\S+python\S* \S+launch\S*\.py ", "<launcher> ", command
-                                  ).replace(str(workdir), "<workdir>")
+            command = re.sub(r"\S+python\S* \S+launch\S*\.py ", "<launcher> ", command)
+            command = re.sub(r"\S*python[\d.]* -m ", "<python> -m ", command)      # the interpreter's path
+            job["shell"] = command.replace(str(workdir), "<workdir>")
     if "resources" in job:
         job["resources"] = ", ".join(r for r in job["resources"].split(", ") if not r.startswith("tmpdir="))
     return job

@@ -6,6 +6,8 @@ code moved into the package (speedrun.workflow.planning); a change that means to
 them and says why. Re-recorded once since: the train rule's --config now carries only the settings that differ
 from TrainConfig's defaults (a new switch, off by default, changes no run's params); every job, output and
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
+And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
+``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
 """
 
 from __future__ import annotations
