@@ -52,7 +52,7 @@ def _library(module: str) -> bool:
 
 def test_the_stage_modules_are_the_pipelines_stages():
     assert STAGES == sorted(f"speedrun.{s}" for s in ("bos_index", "bundle", "compare", "corpus", "download",
-                                                        "parse", "report", "stats", "tokenize", "train"))
+                                                        "parse", "report", "run_script", "stats", "tokenize", "train"))
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -29,6 +29,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "tokenize": ("speedrun.tokenize", "GPT-2 tokenize documents into .bin shards (validation shard first)"),
     "bos-index": ("speedrun.bos_index", "write the BOS (token 50256) positions of every shard"),
     "train": ("speedrun.train", "train one (variant, seed) run; launch under torchrun for several processes"),
+    "run-script": ("speedrun.run_script", "run a record's own script under torchrun, keep its log"),
     "parse": ("speedrun.parse", "parse a training log (ours or a public record's) into metrics and a result"),
     "stats": ("speedrun.stats", "statistics of groups of runs: t-test against the target, times"),
     "compare": ("speedrun.compare", "baseline against candidate: Welch t-tests, differences with CIs"),

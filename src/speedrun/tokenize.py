@@ -221,18 +221,19 @@ def shard_streams(streams: Sequence[str | Path], dataset: str, shard_tokens: int
 
 
 def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str | Path,
-                        allow_repeats: bool = False) -> dict[str, Any]:
+                        allow_repeats: bool = False, in_place: bool = False) -> dict[str, Any]:
     """Take pre-tokenized shards (validation first) as the dataset ``dataset`` in ``out_dir``, with a manifest.
 
     ``shard_tokens`` in the manifest is the largest shard's token count; ``allow_repeats`` lets a train shard be
-    given more than once. Raises :class:`SpeedrunError` for a missing file, a file given twice, a bad order,
+    given more than once; ``in_place``: the shards stay where they are, ``out_dir`` holds symbolic links to them
+    (``data.source: shards``; each manifest entry's ``source`` is the absolute path). Raises :class:`SpeedrunError` for a missing file, a file given twice, a bad order,
     header, size or token id (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as in
     :func:`tokenize_documents`.
     """
     shards, out_dir = _paths(shards), Path(out_dir)
     _check_arguments(dataset, 1, 1)
     with _writing(out_dir), atomic_directory(out_dir, kind=SHARDS, inputs=shards) as tmp:
-        entries = add_pretokenized(shards, dataset, tmp, allow_repeats)
+        entries = add_pretokenized(shards, dataset, tmp, allow_repeats, in_place)
         documents = sum(entry["documents"] for entry in entries)
         shard_entries = [{k: v for k, v in entry.items() if k != "documents"} for entry in entries]
         manifest = {"dataset": dataset, "shard_tokens": max(e["tokens"] for e in entries),
@@ -284,6 +285,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-repeats", action="store_true",
                         help="with --pretokenized: a train shard may be given more than once (data repeated on "
                              "purpose, e.g. a benchmark that needs more tokens than it has)")
+    parser.add_argument("--in-place", action="store_true",
+                        help="with --pretokenized: symbolic links to the shards where they are, never a copy")
     parser.add_argument("--dataset", help="dataset name: the shard file prefix (with --out-dir)")
     parser.add_argument("--shard-tokens", type=int, help="tokens per shard (with --documents/--streams --out-dir)")
     parser.add_argument("--text-column", default="text", help="parquet column or JSON field of the text")
@@ -328,6 +331,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise SpeedrunError("--stream-sources goes with --streams (the documents file of each stream)")
     if args.allow_repeats and args.pretokenized is None:
         raise SpeedrunError("--allow-repeats goes with --pretokenized (a train shard given more than once)")
+    if args.in_place and args.pretokenized is None:
+        raise SpeedrunError("--in-place goes with --pretokenized (shards linked where they are)")
     if args.out_stream is not None:
         if args.documents is None or len(args.documents) != 1:
             raise SpeedrunError("--out-stream needs exactly one --documents file")
@@ -353,6 +358,7 @@ def _run(args: argparse.Namespace) -> None:
     elif args.streams is not None:
         manifest = shard_streams(args.streams, args.dataset, args.shard_tokens, args.out_dir, args.stream_sources)
     else:
-        manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir, args.allow_repeats)
+        manifest = import_pretokenized(args.pretokenized, args.dataset, args.out_dir, args.allow_repeats,
+                                       args.in_place)
     print(f"wrote {len(manifest['shards'])} shards, {manifest['total_tokens']} tokens of "
           f"{_count(manifest['documents'], 'document')} to {args.out_dir}")

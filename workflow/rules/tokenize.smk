@@ -2,12 +2,15 @@
 #   embedded      the corpus stage's documents.parquet, in one job;
 #   fineweb/files one `tokenize_file` job per input file writes that file's token stream (an interrupted run
 #                 resumes at file granularity), then `tokenize` cuts the streams, in order, into shards;
-#   fineweb-gpt2  the downloaded shards (download.smk), checked and linked in as they are.
+#   fineweb-gpt2  the downloaded shards (download.smk), checked and linked in as they are;
+#   shards        a folder of shards already on disk (data.shards.path), checked and linked where they are
+#                 (symbolic links; the manifest records their paths and sha256), never copied.
 # Both ways give the bytes modded-nanogpt's data/fineweb.py gives for the same documents in the same order.
 import glob
 import shlex
 
 from speedrun.data.documents import SUFFIXES, document_format
+from speedrun.data.shard_folder import list_shard_folder
 
 
 def get_document_files():
@@ -39,6 +42,20 @@ if config["data"]["source"] == "files":
     get_document_files()
 
 
+def get_folder_shards():
+    """The shards of data.shards.path (data.source `shards`): validation first, then train in name order."""
+    if "path" not in config["data"]["shards"]:
+        fail_planning(f"{CONFIG_FILES}: data.source 'shards' needs data.shards.path, the folder of the shards")
+    try:
+        return [str(p) for p in list_shard_folder(config["data"]["shards"]["path"])]
+    except SpeedrunError as e:
+        fail_planning(f"{CONFIG_FILES}: {e}")
+
+
+if config["data"]["source"] == "shards":  # a bad folder is refused before anything runs
+    get_folder_shards()
+
+
 def get_document_file(wildcards):
     files = get_document_files()
     index = int(wildcards.part)
@@ -57,6 +74,8 @@ def get_tokenize_input(wildcards):
     source = config["data"]["source"]
     if source == "fineweb-gpt2":
         return get_downloaded_files()
+    if source == "shards":
+        return get_folder_shards()
     if source in ("fineweb", "files"):
         count = len(get_document_files())
         return [f"results/tokens/{wildcards.dataset}/{part:05d}.bin" for part in range(count)]
@@ -65,7 +84,8 @@ def get_tokenize_input(wildcards):
 
 def get_tokenize_mode(wildcards):
     source = config["data"]["source"]
-    return {"fineweb-gpt2": "--pretokenized", "fineweb": "--streams", "files": "--streams"}.get(
+    return {"fineweb-gpt2": "--pretokenized", "shards": "--pretokenized", "fineweb": "--streams",
+            "files": "--streams"}.get(
         source, "--documents"
     )
 
@@ -76,6 +96,8 @@ def get_tokenize_options(wildcards):
     command's messages name instead of the temporary streams. One shell-quoted string."""
     mode = get_tokenize_mode(wildcards)
     options = [] if mode == "--pretokenized" else ["--shard-tokens", str(config["data"]["shard_tokens"])]
+    if config["data"]["source"] == "shards":
+        options += ["--in-place"]
     if mode == "--streams":
         options += ["--stream-sources", *get_document_files()]
     return " ".join(shlex.quote(option) for option in options)

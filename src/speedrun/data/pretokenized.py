@@ -122,11 +122,18 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def symlink_in_place(source: Path, target: Path) -> None:
+    """Link ``target`` to ``source``'s absolute path (a symbolic link): the shard stays where it is, never copied
+    (``data.source: shards``)."""
+    os.symlink(source.resolve(), target)
+
+
 def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path,
-                     allow_repeats: bool = False) -> list[dict[str, Any]]:
+                     allow_repeats: bool = False, in_place: bool = False) -> list[dict[str, Any]]:
     """Check ``shards`` (validation first) and place them in ``out_dir`` as ``{dataset}_val_000000.bin``,
     ``{dataset}_train_000001.bin``, ...; return their manifest entries (``file, split, tokens, sha256,
-    documents``). ``allow_repeats``: a train shard may be given more than once (read that many times over).
+    documents``). ``allow_repeats``: a train shard may be given more than once (read that many times over);
+    ``in_place``: symbolic links to the shards where they are (:func:`symlink_in_place`), not hard links.
     Raises :class:`SpeedrunError` for a missing file, a file given twice (the validation shard: even with
     ``allow_repeats``), a wrong order, a bad shard (see :func:`scan_shard`) or one with no tokens or no BOS."""
     shards = [Path(p) for p in shards]
@@ -144,7 +151,7 @@ def add_pretokenized(shards: list[Path], dataset: str, out_dir: Path,
                                 "starts in it; expected documents that each begin with BOS (the BOS-aligned loader "
                                 "and validation start sequences there)")
         name = shard_filename(dataset, index)
-        link_or_copy(source, out_dir / name)
+        (symlink_in_place if in_place else link_or_copy)(source, out_dir / name)
         entries.append({"file": name, "split": "val" if index == 0 else "train", "tokens": scanned["tokens"],
                         "sha256": scanned["sha256"], "documents": scanned["documents"], "source": str(source)})
     return entries

@@ -1,0 +1,42 @@
+"""A folder of shards already on disk (``data.source: shards``): the ``data/fineweb10B/`` that modded-nanogpt's
+``data/cached_fineweb10B.py`` leaves, or any folder of shards in the same format (speedrun-spec.md section 1.1).
+
+``*_val_*.bin`` is the validation shard (exactly one), ``*_train_*.bin`` the training shards, in name order.
+Listing checks each header and size (magic 20240520, version 1, size = 1024 + 2 x count) without reading the
+tokens, so that planning refuses a bad folder at once; the tokenize stage then scans every token
+(:func:`speedrun.data.pretokenized.scan_shard`) and links the shards in place (issue 21, item 1).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from speedrun.data.shards import read_header
+from speedrun.errors import SpeedrunError
+
+
+def list_shard_folder(folder: str | os.PathLike[str]) -> list[Path]:
+    """The shards of ``folder``: its one ``*_val_*.bin`` then its ``*_train_*.bin`` in name order (absolute
+    paths). Each header and file size is checked (:func:`speedrun.data.shards.read_header`).
+
+    Raises :class:`SpeedrunError` (one line, naming the folder or file) for a missing folder, a folder without a
+    validation shard, with more than one, without training shards, and for a bad header or a truncated file.
+    """
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise SpeedrunError(f"data.shards.path {folder}: not a folder; expected a folder of *_val_*.bin and "
+                            "*_train_*.bin shards (modded-nanogpt's data/fineweb10B)")
+    val = sorted(p.resolve() for p in path.glob("*_val_*.bin"))
+    train = sorted(p.resolve() for p in path.glob("*_train_*.bin"))
+    if not val:
+        raise SpeedrunError(f"data.shards.path {folder}: no validation shard (*_val_*.bin) in the folder")
+    if len(val) > 1:
+        raise SpeedrunError(f"data.shards.path {folder}: {len(val)} validation shards ({val[0].name}, {val[1].name}"
+                            "...); expected one *_val_*.bin")
+    if not train:
+        raise SpeedrunError(f"data.shards.path {folder}: no training shard (*_train_*.bin) in the folder")
+    shards = val + train
+    for shard in shards:
+        read_header(shard)
+    return shards

@@ -1,0 +1,136 @@
+"""Stage ``speedrun run-script``: one run of a script variant, a record's own ``train_gpt.py`` (issue 21, item 2).
+
+The script and its companion files (``--script``, ``--files``: e.g. taken out of a record's log by
+:mod:`speedrun.analysis.record_code`) are copied into the run's folder ``--run-dir`` and started there under
+``torchrun --standalone --nproc_per_node=<world size>``, with
+
+- the shards of ``--shards-dir`` (``results/shards/<name>/``, read through its ``manifest.json``) laid out as
+  the records read them: ``<run-dir>/data/fineweb10B/fineweb_val_000000.bin``, ``fineweb_train_000001.bin``, ...,
+  symbolic links to our shards, never copies, and ``DATA_PATH`` set to the run's folder;
+- ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` under ``--cache-dir``, shared by the variant's runs so
+  that only the first pays the record's compile;
+- the variant's ``--env NAME=VALUE`` settings.
+
+The script writes its own log, ``logs/<uuid>.txt`` in its working directory (records #1-#89); that file,
+the one new ``.txt`` there, is the run's log, copied to ``--out``, where the parse stage reads it as any
+record's. A record script draws its own initialization, so each seed of a script variant is a replicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from speedrun.errors import SpeedrunError
+from speedrun.support.atomic import write_text
+
+RECORD_DATA = Path("data/fineweb10B")
+
+
+def lay_out_shards(shards_dir: str | os.PathLike[str], data_root: str | os.PathLike[str]) -> list[Path]:
+    """Link the shards listed in ``shards_dir/manifest.json`` into ``data_root/data/fineweb10B/`` under the
+    records' names (``fineweb_val_000000.bin``, then ``fineweb_train_<i:06d>.bin`` from 1, manifest order);
+    return the links. Raises :class:`SpeedrunError` for a missing manifest or shard."""
+    shards_dir = Path(shards_dir)
+    manifest_path = shards_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise SpeedrunError(f"{manifest_path}: no shard manifest (the tokenize stage writes it)")
+    folder = Path(data_root) / RECORD_DATA
+    folder.mkdir(parents=True, exist_ok=True)
+    links, train = [], 0
+    for entry in json.loads(manifest_path.read_text())["shards"]:
+        source = (shards_dir / entry["file"]).resolve()
+        if not source.is_file():
+            raise SpeedrunError(f"{source}: a shard of {manifest_path} is missing")
+        if entry["split"] == "val":
+            name = "fineweb_val_000000.bin"
+        else:
+            train += 1
+            name = f"fineweb_train_{train:06d}.bin"
+        link = folder / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(source, link)
+        links.append(link)
+    return links
+
+
+def script_environment(base: Mapping[str, str], run_dir: Path, cache_dir: Path,
+                       settings: Mapping[str, str]) -> dict[str, str]:
+    """The script's environment: ``base`` with DATA_PATH (the run's folder), the shared Inductor and Triton
+    caches under ``cache_dir`` and the variant's ``settings`` (which win)."""
+    env = dict(base)
+    env.update(DATA_PATH=str(run_dir.resolve()), TORCHINDUCTOR_CACHE_DIR=str((cache_dir / "inductor").resolve()),
+               TRITON_CACHE_DIR=str((cache_dir / "triton").resolve()))
+    env.update(settings)
+    return env
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, str]:
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SpeedrunError(f"--env {pair!r}: expected NAME=VALUE")
+        settings[name] = value
+    return settings
+
+
+def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: Path, world_size: int,
+               cache_dir: Path, settings: Mapping[str, str], out: Path) -> Path:
+    """Run ``script`` (with its companion ``files``) as described in the module docstring; copy its log to
+    ``out`` and return ``out``. Raises :class:`SpeedrunError` for a missing file, a script that exits non-zero
+    (its status and torchrun's output file named) or one that leaves no new ``logs/*.txt``, or several."""
+    if world_size < 1:
+        raise SpeedrunError(f"world_size must be >= 1, got {world_size}")
+    for path in (script, *files):
+        if not path.is_file():
+            raise SpeedrunError(f"{path}: a script variant's file is missing")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for path in (script, *files):
+        shutil.copyfile(path, run_dir / path.name)
+    lay_out_shards(shards_dir, run_dir)
+    (cache_dir / "inductor").mkdir(parents=True, exist_ok=True)
+    (cache_dir / "triton").mkdir(parents=True, exist_ok=True)
+    logs = run_dir / "logs"
+    before = set(logs.glob("*.txt")) if logs.is_dir() else set()
+    output = run_dir / "torchrun.out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+               script.name]
+    with open(output, "w") as stream:
+        status = subprocess.run(command, cwd=run_dir, env=script_environment(os.environ, run_dir, cache_dir,
+                                                                              settings),
+                                stdout=stream, stderr=subprocess.STDOUT).returncode
+    new = sorted(set(logs.glob("*.txt")) - before) if logs.is_dir() else []
+    if status != 0:
+        raise SpeedrunError(f"{script.name} exited with status {status} (its output: {output})")
+    if len(new) != 1:
+        raise SpeedrunError(f"{script.name} left {len(new)} new logs in {logs} (expected one logs/<uuid>.txt)")
+    write_text(out, new[0].read_text(encoding="utf-8"))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--script", type=Path, required=True, help="the record's train_gpt.py (or any script)")
+    parser.add_argument("--files", type=Path, nargs="*", default=[], help="companion files copied beside it")
+    parser.add_argument("--shards-dir", type=Path, required=True, help="results/shards/<name> (with manifest)")
+    parser.add_argument("--run-dir", type=Path, required=True, help="the script's working directory")
+    parser.add_argument("--world-size", type=int, default=1, help="torchrun --nproc_per_node")
+    parser.add_argument("--cache-dir", type=Path, required=True, help="Inductor/Triton caches, shared by a variant")
+    parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings of the variant")
+    parser.add_argument("--out", type=Path, required=True, help="where the script's own log is copied")
+
+
+def main(args: argparse.Namespace) -> int:
+    """``speedrun run-script``: 0 when the script ran and its log is at ``--out``. Raises
+    :class:`SpeedrunError` (status 2) as :func:`run_script`."""
+    run_script(args.script, args.files, args.shards_dir, args.run_dir, args.world_size, args.cache_dir,
+               _settings(args.env), args.out)
+    print(f"wrote {args.out}")
+    return 0

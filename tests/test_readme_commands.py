@@ -1,0 +1,113 @@
+"""Every `snakemake` command of README.md's bash blocks, planned as written with `-n` (issue 21, item 4).
+
+The README's YAML blocks that start with a comment `# <name>.yaml` are files the commands name: the test writes
+them beside the copied workflow. A placeholder config name (`...`) stands for the one real config the README
+runs (`configs/fineweb-8xh100.yaml`). Each command is split as the shell would, its `snakemake` part taken from a
+`&&` chain, `--cores all` and `-n` kept, and planned in a copy of the checkout, so nothing lands in this one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PLACEHOLDER_CONFIG = "configs/fineweb-8xh100.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    """The bodies of the README's fenced code blocks of `language` (```bash ... ```)."""
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def snakemake_commands(text: str) -> list[list[str]]:
+    """Each `snakemake` command of the bash blocks, as argument lists (comments dropped, `&&` chains split)."""
+    commands = []
+    for block in fenced_blocks(text, "bash"):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            chain, part = [], []
+            for word in [*words, "&&"]:
+                if word == "&&":
+                    chain.append(part)
+                    part = []
+                else:
+                    part.append(word)
+            commands += [[PLACEHOLDER_CONFIG if w == "..." else w for w in cmd]
+                         for cmd in chain if cmd and cmd[0] == "snakemake"]
+    return [list(c) for c in dict.fromkeys(map(tuple, commands))]  # each distinct command once, in order
+
+
+def named_yaml_files(text: str) -> dict[str, str]:
+    """The YAML blocks that name their file in a first comment (`# two-nodes.yaml: ...`): name -> text."""
+    files = {}
+    for block in fenced_blocks(text, "yaml"):
+        m = re.match(r"#\s*([\w.-]+\.ya?ml)\b", block)
+        if m:
+            files[m.group(1)] = block
+    return files
+
+
+def test_the_readme_has_the_commands_it_documents():
+    commands = snakemake_commands(README.read_text())
+    assert len(commands) >= 6
+    assert ["snakemake", "-n"] in commands
+    # --resources takes every following word: a target after it would be read as a resource
+    for cmd in commands:
+        if "--resources" in cmd:
+            after = cmd[cmd.index("--resources") + 1:]
+            assert all("=" in w for w in after[:next((i for i, w in enumerate(after) if w.startswith("-")),
+                                                     len(after))]), cmd
+
+
+def test_parsing_splits_chains_and_fills_placeholders():
+    text = ("```bash\n./install.sh && . x && snakemake --cores all report   # note\n"
+            "snakemake -c1 a --configfile ...\nsnakemake -c1 a --configfile ...\n```\n")
+    assert snakemake_commands(text) == [["snakemake", "--cores", "all", "report"],
+                                        ["snakemake", "-c1", "a", "--configfile", PLACEHOLDER_CONFIG]]
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """A copy of what the commands read: Snakefile, config.yaml, configs/, profiles/, workflow/, src/."""
+    work = tmp_path_factory.mktemp("readme")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("workflow", "src", "configs", "profiles"):
+        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy2(ROOT / name, work / name)
+    for name, body in named_yaml_files(README.read_text()).items():
+        (work / name).write_text(body)
+    return work
+
+
+def _dry_run(work: Path, cmd: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(work / "src")
+    env.pop("PYTHONSAFEPATH", None)
+    args = [sys.executable, "-m", "snakemake", *cmd[1:], "-n"]
+    return subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", snakemake_commands(README.read_text()), ids=shlex.join)
+def test_readme_command_plans(checkout, command):
+    if "--profile" in command and "slurm" in command[command.index("--profile") + 1]:
+        pytest.importorskip("snakemake_executor_plugin_slurm")
+    proc = _dry_run(checkout, command)
+    out = proc.stdout + proc.stderr
+    if "--report" in command:  # "(after a run)": the command parses and builds the DAG, then wants the outputs
+        assert "marked for report but does not exist" in out, out[-2000:]
+        return
+    assert proc.returncode == 0, f"{shlex.join(command)} -n failed ({proc.returncode}):\n{out[-4000:]}"
+    assert "Job stats:" in out or "Nothing to be done" in out, out[-2000:]
