@@ -313,7 +313,7 @@ class _Run:
         mine = self.step_batches(step)
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.self_reduced_parameters(),
-                          loss_weight_tensors(cfg, step, self.device))
+                          loss_weights=loss_weight_tensors(cfg, step, self.device))
         self.optimizers.step()
         self.optimizers.zero_grad()
         self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
