@@ -142,7 +142,7 @@ def test_a_record_schedule_over_other_steps():
     ({"model": {**MODEL, "prefix_token_loss": False}}, r"stages\[0\] has a prefix_weight > 0, which needs "
                                                        "model.prefix_token_loss"),
     ({"model": {**MODEL, "tie_embed_head": False}}, "train.staged_schedule.untie_stage needs"),
-    ({"model": {**MODEL, "window_pattern": ""}}, "train.staged_schedule sets attention windows"),
+    ({"model": {**MODEL, "window_pattern": "", "yarn": False}}, "train.staged_schedule sets attention windows"),
     ({"staged_schedule": {"record": "record89", "steps": 3}}, "train.staged_schedule.steps is not a setting"),
 ])
 def test_refusals_name_the_setting(extra, message):
