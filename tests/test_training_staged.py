@@ -148,3 +148,35 @@ def test_a_record_schedule_over_other_steps():
 def test_refusals_name_the_setting(extra, message):
     with pytest.raises(SpeedrunError, match=message):
         TrainConfig.from_dict({**SETTINGS, **extra})
+
+
+# A record89-style model at toy size: every switch of HEAD's model on (sublayer residual form, MUDD and its
+# gates, XSA, DC on the last layer, bigram table, prefix-token table), FP8 and fused kernels off on the CPU.
+RECORD89_TINY = {"model_dim": 24, "n_head": 2, "head_dim": 12, "bigram_vocab_size": 30, "window_block_size": 8,
+                 "attention_backend": "reference", "cross_entropy": "full", "rotary_kernel": "torch",
+                 "mlp_kernel": "torch", "fp8_head": False, "fp8_mlp": False, "fp8_attention": False}
+STAGED_TINY = {**SCHEDULE, "scheduled_steps": 6, "extension_steps": 1,
+               "stages": [{**s, "tokens_per_step": 256, "max_seq_len": 64} for s in SCHEDULE["stages"]]}
+RECORD_SETTINGS = {"preset": "record89", "model": RECORD89_TINY, "staged_schedule": STAGED_TINY, "device": "cpu",
+                   "micro_batches": 2, "val_tokens": 512, "val_batch_tokens": 128, "val_every": 3,
+                   "dtype": "float32", "muon_lr": 0.023, "normuon_beta2": 0.9, "weight_decay": 1.2,
+                   "cautious_weight_decay": True, "head_lr": 0.008, "embed_lr": 0.6}
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps_record89(synthetic, tmp_path):
+    """Issue 20: a 2-rank gloo run equals one rank with 2 accumulation steps with every new switch on (MUDD,
+    gates, XSA, DC, prefix and MTP losses, the staged schedule with its untie)."""
+    from test_train import _run_ranks
+
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict(RECORD_SETTINGS)
+    model = cfg.model_config()
+    assert model.mudd and model.mudd_gates and model.xsa_layers and model.dc_layers and model.prefix_token_loss
+    assert model.residual_form == "sublayer" and cfg.untie_step() == 6 and cfg.steps == 7
+    one = _run_ranks(1, {**RECORD_SETTINGS, "world_size": 1}, shards, bos, tmp_path / "one.txt")[0]
+    two = _run_ranks(2, {**RECORD_SETTINGS, "world_size": 2}, shards, bos, tmp_path / "two.txt")
+    assert two[0] == two[1]
+    assert [(s, k) for s, k, _ in one] == [(s, k) for s, k, _ in two[0]] and len(one) == 7 + 4
+    for (_, _, a), (_, _, b) in zip(one, two[0]):
+        assert math.isfinite(a) and a == pytest.approx(b, abs=1e-5)
