@@ -16,7 +16,8 @@ SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").r
 # config -> (preset, steps, stage starts, untie step, seeds of the baseline)
 RECORDS = {"configs/records/record89.yaml": ("record89", 1285, [0, 423, 847, 1270], 848),
            "configs/records/record88.yaml": ("record88", 1375, [0, 455, 910, 1365], 912),
-           "configs/fineweb-8xh100.yaml": ("record89", 1285, [0, 423, 847, 1270], 848)}
+           "configs/fineweb-8xh100.yaml": ("record89", 1285, [0, 423, 847, 1270], 848),
+           "configs/records/record87.yaml": ("record88", 1398, [0, 499, 943, 1387], None)}
 
 
 def _train(path: str) -> TrainConfig:
@@ -40,7 +41,8 @@ def test_record_config_validates_and_resolves(path):
     assert opt.cautious_weight_decay and opt.head_lr == 0.008 and opt.embed_lr == pytest.approx(0.008 * 75)
     assert opt.adam_eps == pytest.approx(1e-10 * 8 / 393216, rel=1e-2)
     assert config["stats"]["target"] == 3.28 and len(config["variants"]["baseline"]["seeds"]) == 10
-    assert train.loss_weights_at(0) == ((1.0, 0.5, 0.25), 0.25)          # both have record #88's prefix loss
+    prefix = None if "record87" in path else 0.25                        # record #88's prefix loss from #88 on
+    assert train.loss_weights_at(0) == ((1.0, 0.5, 0.25), prefix)
 
 
 @pytest.mark.parametrize("name", ["parity-record88", "parity-record89"])
