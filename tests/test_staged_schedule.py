@@ -248,30 +248,30 @@ def _edit(change):
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda d: d["stages"][2].update(lr_mul=-1.0), "train.schedule.stages[2].lr_mul must be a finite number >= 0"),
-    (lambda d: d["stages"][3].update(fraction=0.1), "train.schedule.stages[3].fraction must be null"),
-    (lambda d: d["stages"][1].update(fraction=None), "train.schedule.stages[1].fraction must be a number in (0.0"),
+    (lambda d: d["stages"][2].update(lr_mul=-1.0), "train.staged_schedule.stages[2].lr_mul must be a finite number >= 0"),
+    (lambda d: d["stages"][3].update(fraction=0.1), "train.staged_schedule.stages[3].fraction must be null"),
+    (lambda d: d["stages"][1].update(fraction=None), "train.staged_schedule.stages[1].fraction must be a number in (0.0"),
     (lambda d: d["stages"][0].update(fraction=0.2), "fraction must add up to 1"),
-    (lambda d: d["stages"][0].update(mtp_weights_end=[1.0, 0.5]), "train.schedule.stages[0].mtp_weights_end must"),
-    (lambda d: d["stages"][1].update(mtp_weights_start=[]), "train.schedule.stages[1].mtp_weights_start must"),
+    (lambda d: d["stages"][0].update(mtp_weights_end=[1.0, 0.5]), "train.staged_schedule.stages[0].mtp_weights_end must"),
+    (lambda d: d["stages"][1].update(mtp_weights_start=[]), "train.staged_schedule.stages[1].mtp_weights_start must"),
     (lambda d: d["stages"][1].update(mtp_weights_start=[1.0, "0.5"]), "stages[1].mtp_weights_start[1] must"),
-    (lambda d: d["stages"][1].update(window_blocks=[7, 3]), "train.schedule.stages[1].window_blocks must"),
-    (lambda d: d["stages"][1].update(window_blocks=3), "train.schedule.stages[1].window_blocks must"),
+    (lambda d: d["stages"][1].update(window_blocks=[7, 3]), "train.staged_schedule.stages[1].window_blocks must"),
+    (lambda d: d["stages"][1].update(window_blocks=3), "train.staged_schedule.stages[1].window_blocks must"),
     (lambda d: d["stages"][0].update(tokens_per_step="131072"), "stages[0].tokens_per_step must be an integer"),
     (lambda d: d["stages"][0].update(prefix_weight_end=math.nan), "stages[0].prefix_weight_end must"),
-    (lambda d: d["stages"][0].update(lr=1.0), "train.schedule.stages[0].lr is not a setting"),
-    (lambda d: d["stages"][0].pop("max_seq_len"), "train.schedule.stages[0] needs max_seq_len"),
-    (lambda d: d.update(stages=d["stages"][-1:]), "train.schedule.stages must be a list of at least two stages"),
-    (lambda d: d.update(stages={"a": 1}), "train.schedule.stages must be a list of stage mappings"),
-    (lambda d: d.update(untie_stage=4), "train.schedule.untie_stage must be the index of a stage"),
-    (lambda d: d.update(final_window_long_blocks=5), "train.schedule.final_window_long_blocks must be an integer >= 6"),
-    (lambda d: d.update(scheduled_steps=True), "train.schedule.scheduled_steps must be an integer >= 1"),
-    (lambda d: d.update(extension_steps=-1), "train.schedule.extension_steps must be an integer >= 0"),
-    (lambda d: d.update(cooldown_frac=1.5), "train.schedule.cooldown_frac must be a number in [0.0, 1.0]"),
-    (lambda d: d.update(lr_floor="1e-3"), "train.schedule.lr_floor must be a finite number >= 0.0, got '1e-3' (text"),
-    (lambda d: d.update(momentum_max=1.0), "train.schedule.momentum_max must be a number in [0.0, 1.0)"),
-    (lambda d: d.update(warmup=3), "train.schedule.warmup is not a setting"),
-    (lambda d: d.pop("stages"), "train.schedule needs scheduled_steps and stages"),
+    (lambda d: d["stages"][0].update(lr=1.0), "train.staged_schedule.stages[0].lr is not a setting"),
+    (lambda d: d["stages"][0].pop("max_seq_len"), "train.staged_schedule.stages[0] needs max_seq_len"),
+    (lambda d: d.update(stages=d["stages"][-1:]), "train.staged_schedule.stages must be a list of at least two stages"),
+    (lambda d: d.update(stages={"a": 1}), "train.staged_schedule.stages must be a list of stage mappings"),
+    (lambda d: d.update(untie_stage=4), "train.staged_schedule.untie_stage must be the index of a stage"),
+    (lambda d: d.update(final_window_long_blocks=5), "train.staged_schedule.final_window_long_blocks must be an integer >= 6"),
+    (lambda d: d.update(scheduled_steps=True), "train.staged_schedule.scheduled_steps must be an integer >= 1"),
+    (lambda d: d.update(extension_steps=-1), "train.staged_schedule.extension_steps must be an integer >= 0"),
+    (lambda d: d.update(cooldown_frac=1.5), "train.staged_schedule.cooldown_frac must be a number in [0.0, 1.0]"),
+    (lambda d: d.update(lr_floor="1e-3"), "train.staged_schedule.lr_floor must be a finite number >= 0.0, got '1e-3' (text"),
+    (lambda d: d.update(momentum_max=1.0), "train.staged_schedule.momentum_max must be a number in [0.0, 1.0)"),
+    (lambda d: d.update(warmup=3), "train.staged_schedule.warmup is not a setting"),
+    (lambda d: d.pop("stages"), "train.staged_schedule needs scheduled_steps and stages"),
 ])
 def test_errors_name_the_setting(change, words):
     with pytest.raises(SpeedrunError) as error:
@@ -289,7 +289,7 @@ def test_errors_name_another_mount_point_and_non_mappings():
 
 
 def test_constructor_validates_and_unknown_records():
-    with pytest.raises(SpeedrunError, match=r"train\.schedule\.stages\[0\]\.max_seq_len"):
+    with pytest.raises(SpeedrunError, match=r"train\.staged_schedule\.stages\[0\]\.max_seq_len"):
         StagedSchedule(stages=(Stage(fraction=1.0, tokens_per_step=8, max_seq_len=0, window_blocks=(1, 1)),
                                Stage(tokens_per_step=8, max_seq_len=4, window_blocks=(1, 1))), scheduled_steps=4)
     with pytest.raises(SpeedrunError, match="no record schedule 'record99'; the records are head, record89"):

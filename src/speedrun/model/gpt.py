@@ -147,17 +147,19 @@ class GPT(nn.Module):
             self.register_buffer("prefix_table", prefix_token_table(config.vocab_size), persistent=False)
 
     @torch.no_grad()
-    def set_window_blocks(self, short_blocks: int, long_blocks: int) -> None:
+    def set_window_blocks(self, short_blocks: int, long_blocks: int, rescale: bool = True) -> None:
         """Set the short and long windows (blocks of ``config.window_block_size`` tokens). With
-        ``config.yarn``, a change of the long window from old to new tokens rescales the rotary frequencies
-        and the attention scale (:func:`speedrun.model.rotary.yarn_frequencies`, record #31); growing then
-        shrinking back does not restore them exactly. Nothing to do when the windows are unchanged."""
+        ``config.yarn`` and ``rescale``, a change of the long window from old to new tokens rescales the
+        rotary frequencies and the attention scale (:func:`speedrun.model.rotary.yarn_frequencies`, record
+        #31); growing then shrinking back does not restore them exactly. ``rescale`` False: the windows alone
+        (the records' final validation extends the long window without YaRN, HEAD's ws_post_yarn_ext).
+        Nothing to do when the windows are unchanged."""
         block = self.config.window_block_size
         old, new = window_tokens(self.window_blocks[1], block), window_tokens(long_blocks, block)
         window_tokens(short_blocks, block)
         if (short_blocks, long_blocks) == self.window_blocks:
             return
-        if self.config.yarn and new != old:
+        if self.config.yarn and rescale and new != old:
             self.rotary_frequencies.copy_(yarn_frequencies(self.rotary_frequencies, old, new))
             self._rebuild_rotary_tables()
             self.attention_scale = yarn_attention_scale(self.attention_scale, old, new)

@@ -44,6 +44,12 @@ class Optimizers:
         momentum = muon_momentum(step, schedule.momentum_warmup_steps, schedule.momentum_start,
                                  schedule.momentum_end, steps=schedule.steps,
                                  cooldown_steps=schedule.momentum_cooldown_steps)
+        self.apply_values(step, factor, momentum, schedule)
+
+    def apply_values(self, step: int, factor: float, momentum: float, schedule: ScheduleConfig) -> None:
+        """Set ``lr = initial_lr * factor`` in every group, and ``momentum`` and the Langevin σ of ``step``
+        (from ``schedule``) in Muon's groups: :meth:`apply_schedule` with the lr factor and momentum given
+        (a staged schedule's, :class:`speedrun.optim.stages.StagedSchedule`)."""
         for group in self.groups():
             group["lr"] = group["initial_lr"] * factor
             if group["kind"] in MUON_KINDS:

@@ -50,7 +50,7 @@ from typing import Any, Mapping, Sequence
 
 from speedrun.errors import SpeedrunError, number_text_hint
 
-SETTING = "train.schedule"             # where the schedule sits in a training config, for error messages
+SETTING = "train.staged_schedule"            # where the schedule sits in a training config, for error messages
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,7 @@ from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig,
                                    ScheduleConfig)
 from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
+from speedrun.optim.stages import StagedSchedule, record_schedule
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
@@ -79,6 +80,13 @@ class ScheduleSettings:
     """With the model's ``tie_embed_head``, the step at which the embedding is untied from the head and
     inherits its Adam state (record #53: 2/3 of the steps; null: tied throughout; at ``steps`` or later:
     never untied, as in a smoke run, the optimizer steps being 0 to steps - 1)."""
+    staged_schedule: StagedSchedule | None = None
+    """A record-style staged schedule (:class:`speedrun.optim.stages.StagedSchedule`; written as its
+    ``from_dict`` mapping, or ``{record: <name>, scheduled_steps: N, extension_steps: M}`` for a record's
+    stages over other step counts). When set it gives the steps (``total_steps``), the batch and windows per
+    stage, the final validation's window (no YaRN rescale there, as the record), the lr factor, Muon's
+    momentum, the untie step and the multi-token / prefix-token loss weights per step, in place of the flat
+    settings of :data:`STAGED_REPLACES` (null: those flat settings)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,13 @@ class ComputeSettings:
     ``reduce-overhead`` replays CUDA graphs, ``max-autotune-no-cudagraphs`` tunes the matrix products (longer
     compile): for measuring, not for record runs."""
 
+
+# The flat settings a staged_schedule replaces: giving one of them besides it is refused (TrainConfig.from_dict).
+STAGED_REPLACES = ("steps", "tokens_per_step", "max_seq_len", "batch_schedule", "window_schedule",
+                   "lr_stage_multipliers", "cooldown_frac", "lr_floor", "momentum_warmup_steps",
+                   "momentum_cooldown_steps", "untie_step", "final_window_long_blocks", "final_window_short_blocks",
+                   "window_stage_span")
+STAGED = "train.staged_schedule"
 
 # The sections of TrainConfig, by field name; a flat setting's section is the one that declares it.
 SECTIONS: dict[str, type] = {"optimizer": OptimConfig, "schedule": ScheduleSettings, "evaluation": EvalSettings,
@@ -179,7 +194,10 @@ class TrainConfig:
 
     def settings(self) -> dict[str, Any]:
         """Every setting, flat (the form of config.yaml ``train`` and of ``--config``)."""
-        return {name: self.setting(name) for name in self.setting_names()}
+        settings = {name: self.setting(name) for name in self.setting_names()}
+        if self.schedule.staged_schedule is not None:
+            settings["staged_schedule"] = self.schedule.staged_schedule.to_dict()
+        return settings
 
     def __post_init__(self) -> None:
         for name in ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens",
@@ -229,6 +247,7 @@ class TrainConfig:
             raise SpeedrunError("train.muon_attention_gates needs a model with attention gates "
                                 "(model.attention_gate_layers is empty)")
         self._check_schedules()
+        self._check_staged()
         self._check_divisions()
         self._check_rotary_positions()
 
@@ -311,6 +330,35 @@ class TrainConfig:
             raise SpeedrunError(f"train.final_window_short_blocks {final} is longer than the final validation's "
                                 f"long window of {long} blocks; expected short <= long")
 
+    def _check_staged(self) -> None:
+        """The staged schedule's needs: a window_pattern, tie_embed_head for its untie, prefix_token_loss for a
+        prefix weight > 0, the flat settings it replaces at the values it gives them (:meth:`from_dict`), and
+        ``muon_momentum`` equal to its ``momentum_max``."""
+        staged = self.schedule.staged_schedule
+        if staged is None:
+            return
+        if not isinstance(staged, StagedSchedule):
+            raise SpeedrunError(f"{STAGED} must be a staged schedule mapping, got {staged!r}")
+        model = self._preset_model()
+        if not model.window_pattern:
+            raise SpeedrunError(f"{STAGED} sets attention windows and needs a model window_pattern (which "
+                                f"layers take the short and the long window)")
+        if staged.untie_step() is not None and not model.tie_embed_head:
+            raise SpeedrunError(f"{STAGED}.untie_stage needs a model with tie_embed_head: true")
+        prefix = [i for i, st in enumerate(staged.stages) if max(st.prefix_weight_start, st.prefix_weight_end) > 0]
+        if prefix and not model.prefix_token_loss:
+            raise SpeedrunError(f"{STAGED}.stages[{prefix[0]}] has a prefix_weight > 0, which needs "
+                                f"model.prefix_token_loss: true")
+        implied = _staged_implied(staged)
+        for name in STAGED_REPLACES:
+            wanted = implied.get(name, getattr(ScheduleSettings, name, None))
+            if self.setting(name) != wanted:
+                raise SpeedrunError(f"{STAGED} and train.{name} are both given: the staged schedule sets "
+                                    f"{name}; remove train.{name}")
+        if self.optimizer.muon_momentum != staged.momentum_max:
+            raise SpeedrunError(f"{STAGED}.momentum_max {staged.momentum_max} and train.muon_momentum "
+                                f"{self.optimizer.muon_momentum} differ: the staged schedule sets Muon's momentum")
+
     def _check_final_window(self) -> None:
         """Raise :class:`SpeedrunError` for a ``final_window_long_blocks`` below the final validation's short
         window (in blocks; :meth:`window_blocks_at`): the short window of the last step's ``window_schedule``
@@ -369,6 +417,8 @@ class TrainConfig:
         if isinstance(values.get("adam_kind_betas"), Mapping):
             values["adam_kind_betas"] = {kind: tuple(pair) if isinstance(pair, list) else pair
                                          for kind, pair in values["adam_kind_betas"].items()}
+        if values.get("staged_schedule") is not None:
+            values.update(_staged_settings(values))
         for key in ("window_schedule", "batch_schedule"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(tuple(p) if isinstance(p, list) else p for p in values[key])
@@ -401,6 +451,8 @@ class TrainConfig:
     def batch_stages(self) -> list[tuple[int, int, int]]:
         """``(first_step, tokens_per_step, max_seq_len)`` per stage of the batch-size schedule
         (:func:`speedrun.optim.schedules.batch_stages`; one stage without a schedule)."""
+        if self.schedule.staged_schedule is not None:
+            return self.schedule.staged_schedule.batch_stages()
         return batch_stages(self.steps, self.schedule.batch_schedule, self.tokens_per_step, self.max_seq_len)
 
     def batch_at(self, step: int) -> tuple[int, int]:
@@ -432,7 +484,10 @@ class TrainConfig:
 
     def window_blocks_at(self, step: int) -> tuple[int, int] | None:
         """The (short, long) windows in blocks for ``step`` (``steps``: the final validation, with
-        ``final_window_short_blocks`` when set), or None when the model keeps its windows."""
+        ``final_window_short_blocks`` when set; a ``staged_schedule``'s windows when given), or None when the
+        model keeps its windows."""
+        if self.schedule.staged_schedule is not None:
+            return self.schedule.staged_schedule.window_blocks(step)
         blocks = self._scheduled_window_blocks(step)
         final_short = self.schedule.final_window_short_blocks
         if step != self.steps or final_short is None:
@@ -464,9 +519,38 @@ class TrainConfig:
             return model.window_short_blocks, self.schedule.final_window_long_blocks
         return None
 
+    def untie_step(self) -> int | None:
+        """The first step trained with the embedding untied (the staged schedule's
+        :meth:`~speedrun.optim.stages.StagedSchedule.untie_step`, else ``untie_step``); None: tied."""
+        staged = self.schedule.staged_schedule
+        return self.schedule.untie_step if staged is None else staged.untie_step()
+
+    def yarn_at_window_change(self, step: int) -> bool:
+        """Whether the window change before ``step`` rescales RoPE (YaRN, in the model): always, except at a
+        staged schedule's final validation, whose extended window the record uses unrescaled."""
+        staged = self.schedule.staged_schedule
+        return staged is None or step != staged.total_steps
+
+    def loss_weights_at(self, step: int) -> tuple[tuple[float, ...], float | None] | None:
+        """The staged schedule's (multi-token-prediction weights, prefix-token weight) of training step
+        ``step``; the prefix weight None when the model has no ``prefix_token_loss``; None without a staged
+        schedule (the plain next-token loss)."""
+        staged = self.schedule.staged_schedule
+        if staged is None:
+            return None
+        prefix = staged.prefix_weight(step) if self._preset_model().prefix_token_loss else None
+        return tuple(staged.mtp_weights(step)), prefix
+
     def schedule_config(self) -> ScheduleConfig:
-        """The step schedules of :mod:`speedrun.optim.schedules` for this run."""
+        """The step schedules of :mod:`speedrun.optim.schedules` for this run (the lr factor and momentum of a
+        staged schedule come from it instead, :meth:`staged_factors`; Langevin's σ from this)."""
         schedule = self.schedule
+        staged = schedule.staged_schedule
+        if staged is not None:
+            return ScheduleConfig(steps=self.steps, cooldown_frac=staged.cooldown_frac, lr_floor=staged.lr_floor,
+                                  momentum_warmup_steps=staged.momentum_warmup_steps,
+                                  momentum_end=staged.momentum_max,
+                                  momentum_cooldown_steps=staged.momentum_cooldown_steps)
         return ScheduleConfig(steps=self.steps, cooldown_frac=schedule.cooldown_frac, lr_floor=schedule.lr_floor,
                               momentum_warmup_steps=schedule.momentum_warmup_steps,
                               momentum_end=self.optimizer.muon_momentum,
@@ -479,6 +563,48 @@ class TrainConfig:
         settings = json.loads(json.dumps(self.settings()))
         settings["model"] = dataclasses.asdict(self.model_config())
         return json.dumps(settings, sort_keys=True, separators=(",", ":"))
+
+
+def _staged_implied(staged: StagedSchedule) -> dict[str, Any]:
+    """The flat settings a staged schedule gives: steps, and the first stage's batch."""
+    tokens, max_seq_len = staged.batch_at(0)
+    return {"steps": staged.total_steps, "tokens_per_step": tokens, "max_seq_len": max_seq_len}
+
+
+def _staged_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``staged_schedule`` of the flat ``values`` built (a mapping: :meth:`StagedSchedule.from_dict`, or
+    ``{record, scheduled_steps, extension_steps}``: :func:`record_schedule` with those steps) and the flat
+    settings it gives. A replaced setting (:data:`STAGED_REPLACES`) counts as given when it is present, not
+    null and not the value the schedule gives it (steps, tokens_per_step, max_seq_len: the schedule's total
+    and first batch, so that a config's :meth:`TrainConfig.settings` build the same config) or the default
+    (the others); one given is refused, naming both."""
+    data = values["staged_schedule"]
+    if isinstance(data, StagedSchedule):
+        staged = data
+    elif isinstance(data, Mapping) and "record" in data:
+        unknown = [k for k in data if k not in ("record", "scheduled_steps", "extension_steps")]
+        if unknown:
+            raise SpeedrunError(f"{STAGED}.{unknown[0]} is not a setting of a record's schedule; the settings are "
+                                f"record, scheduled_steps, extension_steps")
+        base = record_schedule(data["record"])
+        steps = data.get("scheduled_steps", base.scheduled_steps), data.get("extension_steps", base.extension_steps)
+        staged = StagedSchedule.from_dict({**base.to_dict(), "scheduled_steps": steps[0],
+                                           "extension_steps": steps[1]}, where=STAGED)
+    else:
+        staged = StagedSchedule.from_dict(data, where=STAGED)
+    implied = _staged_implied(staged)
+    defaults = ScheduleSettings()
+    for name in STAGED_REPLACES:
+        value = values.get(name)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        if value != implied.get(name, getattr(defaults, name, None)):
+            raise SpeedrunError(f"{STAGED} and train.{name} are both given: the staged schedule sets {name} "
+                                f"(to {implied.get(name, 'its own values')!r}); remove train.{name}")
+    return {**{name: getattr(defaults, name) for name in STAGED_REPLACES if name not in implied},
+            **implied, "staged_schedule": staged}
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

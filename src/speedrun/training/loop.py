@@ -110,7 +110,8 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
 
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
                device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
-               self_reduced: frozenset[int] = frozenset()) -> torch.Tensor:
+               self_reduced: frozenset[int] = frozenset(),
+               loss_weights: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
     as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
     number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
@@ -118,11 +119,12 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
     itself); a tied model's embedding gradient is first folded into the head's
     (:meth:`speedrun.model.gpt.GPT.fold_tied_gradients`). Returns the step's mean train loss as a (1,) fp32
     tensor on ``device``, not read back: the caller queues the optimizer step before waiting for it (no host
-    sync inside a step, as in the records)."""
+    sync inside a step, as in the records). ``loss_weights``: keyword tensors of the model's forward
+    (``mtp_weights``, ``prefix_weight``: :func:`loss_weight_tensors`); None: the next-token loss."""
     total = torch.zeros((), dtype=torch.float32, device=device)
     for inputs, targets, cu_seqlens in micro_batches:
         with autocast():
-            loss = forward(inputs, targets, cu_seqlens, max_seq_len)
+            loss = forward(inputs, targets, cu_seqlens, max_seq_len, **(loss_weights or {}))
         (loss / len(micro_batches)).backward()
         total += loss.detach().float()
     mean = (total / len(micro_batches)).reshape(1)
@@ -154,6 +156,21 @@ def _dummy_batch(tokens: int, device: torch.device) -> Batch:
             torch.zeros(tokens, dtype=torch.int64, device=device), cu_seqlens)
 
 
+def loss_weight_tensors(config: TrainConfig, step: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The forward's loss-weight keywords of training step ``step`` under a staged schedule
+    (:meth:`TrainConfig.loss_weights_at`): ``mtp_weights`` (K,) fp32 and, with the model's prefix-token loss,
+    ``prefix_weight`` 0-d fp32, built on ``device``; empty without a staged schedule. K changes between
+    stages (a graph each, :func:`warm_up_plan`)."""
+    weights = config.loss_weights_at(step)
+    if weights is None:
+        return {}
+    mtp, prefix = weights
+    tensors = {"mtp_weights": torch.tensor(mtp, dtype=torch.float32, device=device)}
+    if prefix is not None:
+        tensors["prefix_weight"] = torch.tensor(prefix, dtype=torch.float32, device=device)
+    return tensors
+
+
 def validation_steps(config: TrainConfig) -> list[int]:
     """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``)."""
     every = set(range(0, config.steps, config.evaluation.val_every)) if config.evaluation.val_every else set()
@@ -172,7 +189,7 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
     seen, plan = set(), []
     for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
         if windows_are_inputs:
-            key = (kind, config.batch_at(step) if kind == "train" else None)
+            key = (kind, (config.batch_at(step), _mtp_count(config, step)) if kind == "train" else None)
         else:         # every training stage start: the windows and YaRN's scale (a float here) change there
             key = (kind, step) if kind == "train" else (kind, config.window_blocks_at(step))
         if key not in seen:
@@ -181,9 +198,16 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
     return plan
 
 
+def _mtp_count(config: TrainConfig, step: int) -> int:
+    """The number of multi-token-prediction weights of ``step`` (1 without a staged schedule): a graph each."""
+    weights = config.loss_weights_at(step)
+    return 1 if weights is None else len(weights[0])
+
+
 def warm_up_steps(config: TrainConfig) -> list[int]:
     """The training steps where a graph may change: 0, each batch-size and window stage start (records since
-    #21 warm up on the steps where a shape or a schedule changes). :func:`warm_up_plan` replays them, all
+    #21 warm up on the steps where a shape or a schedule changes; a staged schedule's stage starts, where the
+    number of MTP weights changes too, are its batch stages). :func:`warm_up_plan` replays them, all
     or (windows as graph inputs) one per graph."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
     steps |= set(config.window_stage_starts())
@@ -259,7 +283,7 @@ class _Run:
         """Give the model the attention windows of ``step`` (YaRN rescales on growth, in the model)."""
         blocks = self.config.window_blocks_at(step)
         if blocks is not None:
-            self.model.set_window_blocks(*blocks)
+            self.model.set_window_blocks(*blocks, rescale=self.config.yarn_at_window_change(step))
 
     def validate(self, step: int) -> str | None:
         """Validate with the clock stopped and log the line; why the run has diverged, or None."""
@@ -276,15 +300,21 @@ class _Run:
         the update was queued before the loss was read, so that the GPU never waits for the host between the
         backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
         cfg = self.config
-        self.optimizers.apply_schedule(step, cfg.schedule_config())
+        staged = cfg.schedule.staged_schedule
+        if staged is None:
+            self.optimizers.apply_schedule(step, cfg.schedule_config())
+        else:
+            self.optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step),
+                                         cfg.schedule_config())
         self.set_windows(step)
-        if step == cfg.schedule.untie_step and self.model.tied:
+        if step == cfg.untie_step() and self.model.tied:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         max_seq_len = cfg.batch_at(step)[1]
         mine = self.step_batches(step)
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
-                          max_seq_len, self.optimizers.self_reduced_parameters())
+                          max_seq_len, self.optimizers.self_reduced_parameters(),
+                          loss_weights=loss_weight_tensors(cfg, step, self.device))
         self.optimizers.step()
         self.optimizers.zero_grad()
         self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
@@ -312,8 +342,9 @@ class _Run:
                 continue
             tokens, max_seq_len = cfg.batch_at(step)
             inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
+            weights = loss_weight_tensors(cfg, step, self.device)         # the stage's number of MTP weights
             with self.autocast():
-                self.forward(inputs, targets, cu_seqlens, max_seq_len).backward()
+                self.forward(inputs, targets, cu_seqlens, max_seq_len, **weights).backward()
         model.restore_schedule_state(saved)
         model.zero_grad(set_to_none=True)
         self.clock.sync()

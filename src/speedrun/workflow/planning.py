@@ -31,6 +31,7 @@ from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.workflow.messages import more_data_hint, schema_value_hint
 from speedrun.model.config import PRESETS
 from speedrun.optim.schedules import batch_stages
+from speedrun.optim.stages import StagedSchedule
 from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
 from speedrun.training.data import cut_documents_hint, steps_fed
 
@@ -40,7 +41,8 @@ SHARED_TRAIN = "the shared `train` section (every variant)"
 RESERVED_VARIANTS = ("compare",)
 # The settings check_training_data reads: variants that share them (they usually differ in optimizer or model
 # settings only) share one simulation of the loader, about a second at FineWeb scale (3,200 steps, 2.4B tokens).
-DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule")
+DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule",
+                   "staged_schedule")
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     Args:
         cfg: resolved training settings (config.yaml ``train`` with a variant's overrides); reads ``steps``,
             ``tokens_per_step``, ``micro_batches``, ``max_seq_len``, ``val_tokens`` and the optional
-            ``batch_schedule`` (``[tokens_per_step, max_seq_len]`` per equal stage of the steps).
+            ``batch_schedule`` (``[tokens_per_step, max_seq_len]`` per equal stage of the steps) or
+            ``staged_schedule`` (its ``to_dict`` form, whose stages it then takes).
         shards_dir: the tokenize stage's folder (shards and ``manifest.json``).
         bos_dir: the bos_index stage's folder (one ``.npy`` per shard and ``manifest.json``).
         what: names the run in messages (e.g. ``"variant 'baseline'"``).
@@ -433,6 +436,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     val_tokens = _setting(cfg, "val_tokens", what)
     stages = batch_stages(steps, [tuple(pair) for pair in cfg.get("batch_schedule") or ()], tokens_per_step,
                           max_seq_len)
+    if cfg.get("staged_schedule"):                      # its to_dict form (TrainConfig.settings): its own stages
+        stages = StagedSchedule.from_dict(cfg["staged_schedule"]).batch_stages()
     for _, tokens, _ in stages:
         if tokens % micro_batches:
             raise SpeedrunError(
