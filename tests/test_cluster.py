@@ -55,7 +55,7 @@ def test_a_one_node_gpu_run_holds_world_size_gpus(planned):
     assert not {"gres", "mpi", "tasks", "tasks_per_gpu"} & set(resources(job))
     assert job["threads"] == "8"
     assert " run --world-size 8 --nodes 1 --device cuda --gpu-locks results/.gpu-locks " in job["shell"]
-    assert job["shell"].endswith(" --gpu-model=H100 --gpu-memory-gib=79 > logs/train/baseline/seed0.log 2>&1")
+    assert job["shell"].endswith(" --gpu-model=H100 --gpu-memory-gib=79 >> logs/train/baseline/seed0.log 2>&1")
 
 
 def test_a_two_node_run_asks_slurm_for_gpus_per_node_and_one_task_per_node(planned):
