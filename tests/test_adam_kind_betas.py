@@ -19,8 +19,8 @@ from speedrun.errors import SpeedrunError
 from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
 from speedrun.optim.adam import CautiousAdam
-from speedrun.optim.groups import ADAM_KINDS, OptimConfig, build_optimizers
 from speedrun.optim.config import ALL_ADAM_KINDS, RECORD_ADAM_KINDS
+from speedrun.optim.groups import ADAM_KINDS, OptimConfig, adam_group, build_optimizers
 from speedrun.training.config import TrainConfig
 from speedrun.workflow.planning import schema_error_message
 
@@ -206,3 +206,23 @@ def test_the_schema_entry_checks_kinds_and_pairs_and_adds_no_default():
         with pytest.raises(jsonschema.ValidationError) as caught:
             jsonschema.validate(bad, schema)
         assert schema_error_message("a.yaml", caught.value) == message
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"embed": 0.1}, r"train\.adam_kind_lrs has an unknown Adam kind 'embed'; expected one of gate, smear_gate, "
+                     r"lambda, resid_lambda, skip_gate, mudd, mudd_bias, mudd_gate, mudd_gate_bias \(embed, head "
+                     r"and scalar take embed_lr, head_lr and scalar_lr\)$"),
+    ({"mudd": -0.1}, r"train\.adam_kind_lrs\.mudd must be a finite number >= 0\.0, got -0\.1$"),
+    ([0.1], r"train\.adam_kind_lrs must be a mapping from Adam kind \(gate, .*\) to a learning rate, got \[0\.1\]$"),
+])
+def test_a_wrong_adam_kind_lr_names_the_setting_the_kind_and_the_value(value, message):
+    with pytest.raises(SpeedrunError, match=message):
+        TrainConfig.from_dict({"adam_kind_lrs": value})
+
+
+def test_an_adam_kind_lr_sets_that_kinds_group_lr():
+    """adam_kind_lrs overrides the records' table (MUDD's 0.002 there) for its kind's group only."""
+    config = TrainConfig.from_dict({"preset": "record88", "adam_kind_lrs": {"mudd": 0.003}})
+    assert config.optimizer.adam_kind_lrs == {"mudd": 0.003}
+    assert adam_group("mudd", [], config.optimizer)["lr"] == 0.003
+    assert adam_group("mudd_bias", [], config.optimizer)["lr"] == 0.002

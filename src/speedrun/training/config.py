@@ -265,28 +265,17 @@ class TrainConfig:
     def _check_adam_kind_betas(self) -> None:
         """``adam_kind_betas`` maps Adam kinds (:data:`ALL_ADAM_KINDS`) to [beta1, beta2] pairs and
         ``adam_kind_lrs`` the records' kinds (:data:`RECORD_ADAM_KINDS`) to lrs >= 0."""
-        betas = self.optimizer.adam_kind_betas
-        if not isinstance(betas, Mapping):
-            raise SpeedrunError(f"train.adam_kind_betas must be a mapping from Adam kind "
-                                f"({', '.join(ALL_ADAM_KINDS)}) to a pair [beta1, beta2], got {_written(betas)}")
+        betas = _kind_mapping("adam_kind_betas", self.optimizer.adam_kind_betas, ALL_ADAM_KINDS,
+                              "a pair [beta1, beta2]")
         for kind, pair in betas.items():
-            if kind not in ALL_ADAM_KINDS:
-                raise SpeedrunError(f"train.adam_kind_betas has an unknown Adam kind {kind!r}; expected one of "
-                                    f"{', '.join(ALL_ADAM_KINDS)}")
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise SpeedrunError(f"train.adam_kind_betas.{kind} must be a pair [beta1, beta2], "
                                     f"got {_written(pair)}")
             for beta in pair:
                 _check_number(f"adam_kind_betas.{kind}", beta, 0.0, 1.0, open_high=True)
-        lrs = self.optimizer.adam_kind_lrs
-        if not isinstance(lrs, Mapping):
-            raise SpeedrunError(f"train.adam_kind_lrs must be a mapping from Adam kind "
-                                f"({', '.join(RECORD_ADAM_KINDS)}) to a learning rate, got {_written(lrs)}")
+        lrs = _kind_mapping("adam_kind_lrs", self.optimizer.adam_kind_lrs, tuple(RECORD_ADAM_KINDS),
+                            "a learning rate", " (embed, head and scalar take embed_lr, head_lr and scalar_lr)")
         for kind, lr in lrs.items():
-            if kind not in RECORD_ADAM_KINDS:
-                raise SpeedrunError(f"train.adam_kind_lrs has an unknown Adam kind {kind!r}; expected one of "
-                                    f"{', '.join(RECORD_ADAM_KINDS)} (embed, head and scalar take embed_lr, "
-                                    f"head_lr and scalar_lr)")
             _check_number(f"adam_kind_lrs.{kind}", lr, 0.0, math.inf)
 
     def _check_schedules(self) -> None:
@@ -640,6 +629,19 @@ def _positive_pairs(value: Any) -> bool:
     return isinstance(value, tuple) and all(
         isinstance(pair, tuple) and len(pair) == 2
         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair) for pair in value)
+
+
+def _kind_mapping(name: str, value: Any, kinds: tuple[str, ...], what: str, hint: str = "") -> Mapping[str, Any]:
+    """``value`` when it is a mapping whose keys are all in ``kinds``; else :class:`SpeedrunError` naming
+    ``train.<name>``, the unknown kind and the expected ones (``what``: what each kind maps to)."""
+    if not isinstance(value, Mapping):
+        raise SpeedrunError(f"train.{name} must be a mapping from Adam kind ({', '.join(kinds)}) to {what}, "
+                            f"got {_written(value)}")
+    for kind in value:
+        if kind not in kinds:
+            raise SpeedrunError(f"train.{name} has an unknown Adam kind {kind!r}; expected one of "
+                                f"{', '.join(kinds)}{hint}")
+    return value
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
