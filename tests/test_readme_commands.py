@@ -110,4 +110,7 @@ def test_readme_command_plans(checkout, command):
         assert "marked for report but does not exist" in out, out[-2000:]
         return
     assert proc.returncode == 0, f"{shlex.join(command)} -n failed ({proc.returncode}):\n{out[-4000:]}"
+    if "--unlock" in command:  # the recovery step: it plans nothing, it only removes a killed run's lock
+        assert "Unlocked working directory" in out, out[-2000:]
+        return
     assert "Job stats:" in out or "Nothing to be done" in out, out[-2000:]
