@@ -396,3 +396,13 @@ def shard_bytes(tokens: Sequence[int], *, magic: int = 20240520, version: int = 
     header = np.zeros(256, dtype="<i4")
     header[:3] = magic, version, len(tokens) if count is None else count
     return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
+
+
+def random_documents_shard(seed: int, tokens: int) -> bytes:
+    """A shard (:func:`shard_bytes`) of ``tokens`` random GPT-2 ids with a BOS (50256) first and about one every
+    200 tokens."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 50256, size=tokens)
+    ids[np.unique(rng.integers(0, tokens, size=tokens // 200))] = 50256
+    ids[0] = 50256
+    return shard_bytes(ids.tolist())

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hub_server import shard_bytes
+from hub_server import random_documents_shard, shard_bytes
 
 from speedrun.data.shard_folder import list_shard_folder
 from speedrun.errors import SpeedrunError
@@ -27,18 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
 
 
-def documents(seed: int, tokens: int) -> bytes:
-    """A shard of `tokens` random GPT-2 ids with a BOS (50256) first and about one every 200 tokens."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 50256, size=tokens)
-    ids[np.unique(rng.integers(0, tokens, size=tokens // 200))] = 50256
-    ids[0] = 50256
-    return shard_bytes(ids.tolist())
 
-
-GOOD = {"fineweb_val_000000.bin": documents(0, 6000),
-        "fineweb_train_000002.bin": documents(2, 9000),    # written before 000001: name order decides
-        "fineweb_train_000001.bin": documents(1, 9000)}
+GOOD = {"fineweb_val_000000.bin": random_documents_shard(0, 6000),
+        "fineweb_train_000002.bin": random_documents_shard(2, 9000),    # written before 000001: name order decides
+        "fineweb_train_000001.bin": random_documents_shard(1, 9000)}
 ORDER = ["fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin"]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hub_server import HubServer, fineweb_parquet_bytes, shard_bytes
+from hub_server import HubServer, fineweb_parquet_bytes, random_documents_shard, shard_bytes
 
 from speedrun.data.tokenizer import gpt2_encoding
 
@@ -54,16 +54,9 @@ def reference_shards(texts: list[str], dataset: str) -> dict[str, bytes]:
             for i, start in enumerate(cuts)}
 
 
-def pretokenized(seed: int, tokens: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 50256, size=tokens)
-    ids[np.unique(rng.integers(0, tokens, size=tokens // 200))] = 50256
-    ids[0] = 50256
-    return shard_bytes(ids.tolist())
 
-
-GPT2_FILES = {"fineweb_val_000000.bin": pretokenized(0, 6000),
-              **{f"fineweb_train_{i:06d}.bin": pretokenized(i, 9000) for i in (1, 2, 3)}}
+GPT2_FILES = {"fineweb_val_000000.bin": random_documents_shard(0, 6000),
+              **{f"fineweb_train_{i:06d}.bin": random_documents_shard(i, 9000) for i in (1, 2, 3)}}
 
 
 @pytest.fixture(scope="module")
