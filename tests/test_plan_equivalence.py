@@ -8,6 +8,10 @@ from TrainConfig's defaults (a new switch, off by default, changes no run's para
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
 ``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
+And once more (2026-12-03): the FineWeb fixture had recorded config.yaml's ``candidate`` override
+``muon_lr: 0.04`` merged into configs/fineweb-8xh100.yaml's own ``candidate`` (a leak: that config sets no
+muon_lr); a --configfile's ``variants`` now replace config.yaml's (planning.replace_default_variants), and the
+candidate's ten train jobs carry the record's muon_lr 0.023; nothing else changed.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import check_config_syntax, check_training_data
+from speedrun.workflow.planning import check_config_syntax, check_training_data, replace_default_variants
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
@@ -91,3 +91,49 @@ def test_a_config_file_that_is_not_yaml_is_named_with_its_line(tmp_path, text, m
     path.write_text("train: {steps: 10}\n")
     check_config_syntax(path)                                    # valid YAML passes
     check_config_syntax(tmp_path / "absent.yaml")                # Snakemake names a missing file itself
+
+
+def _merged(base, *overrides):
+    """Snakemake's merge of config files (snakemake.utils.update_config), as the Snakefile sees them."""
+    from snakemake.utils import update_config
+    import copy
+
+    out = copy.deepcopy(base)
+    for o in overrides:
+        update_config(out, copy.deepcopy(o))
+    return out
+
+
+DEFAULT = {"variants": {"baseline": {"seeds": [0, 1, 2], "train": {}},
+                        "candidate": {"seeds": [0, 1, 2], "train": {"muon_lr": 0.04}}}}
+
+
+def test_a_configfile_with_variants_replaces_config_yamls_variants(tmp_path):
+    own = {"variants": {"baseline": {"seeds": [0], "train": {}},
+                        "candidate": {"seeds": [0], "train": {"model": {"bigram_vocab_size": 0}}}}}
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps(own))
+    command_line = _merged({}, own)
+    config = _merged(DEFAULT, command_line)
+    assert config["variants"]["candidate"]["train"]["muon_lr"] == 0.04       # Snakemake's merge leaks it
+    assert replace_default_variants(config, [path], command_line) is True
+    assert config["variants"] == own["variants"]
+
+
+def test_config_values_on_top_of_a_configfile_still_apply_and_without_one_nothing_changes(tmp_path):
+    own = {"variants": {"baseline": {"seeds": [0, 1], "train": {}}}}
+    path = tmp_path / "experiment.yaml"
+    path.write_text(json.dumps(own))
+    other = tmp_path / "other.yaml"
+    other.write_text("stats: {target: 3.3}\n")
+    dash_config = {"variants": {"baseline": {"seeds": [5]}}}
+    command_line = _merged({}, own, dash_config)
+    config = _merged(DEFAULT, command_line)
+    assert replace_default_variants(config, [other, path], command_line) is True
+    assert config["variants"] == {"baseline": {"seeds": [5], "train": {}}}
+
+    command_line = _merged({}, {"stats": {"target": 3.3}}, dash_config)
+    config = _merged(DEFAULT, command_line)
+    assert replace_default_variants(config, [other], command_line) is False
+    assert sorted(config["variants"]) == ["baseline", "candidate"]
+    assert config["variants"]["baseline"]["seeds"] == [5]

@@ -9,7 +9,7 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import resolve_experiment, schema_error_message
+from speedrun.workflow.planning import replace_default_variants, resolve_experiment, schema_error_message
 from speedrun.workflow.sources import module_files
 
 
@@ -44,6 +44,10 @@ def _config_files_in_reading_order():
 
 CONFIG_FILES = " + ".join([_shown_path(f) for f in _config_files_in_reading_order()]
                           + (["--config"] if workflow.config_settings.config else []))
+
+# A --configfile that names `variants` names all of them: config.yaml's `candidate` does not leak into it.
+replace_default_variants(config, list(workflow.config_settings.configfiles or []),
+                         workflow.config_settings.overwrite_config or {})
 
 try:                               # one line naming the files and the key, not jsonschema's dump of the schema
     validate(config, schema="../schemas/config.schema.yaml")

@@ -395,6 +395,34 @@ def check_config_syntax(path: str | Path) -> None:
         raise SpeedrunError(f"{path}: not valid YAML: {e}") from None
 
 
+def replace_default_variants(config: dict[str, Any], configfiles: list[str | Path],
+                             command_line: Mapping[str, Any]) -> bool:
+    """Let the variants of a ``--configfile`` replace config.yaml's instead of merging into them.
+
+    Snakemake merges every config file into config.yaml key by key, so without this a config that names its
+    own ``baseline`` would still run config.yaml's ``candidate`` (3 seeds at ``muon_lr: 0.04``), and a variant
+    of the same name would keep config.yaml's training overrides beside its own. An experiment file that gives
+    ``variants`` gives all of them: when any of ``configfiles`` (the ``--configfile`` paths, Snakemake's
+    ``workflow.config_settings.configfiles``) has a top-level ``variants`` key, ``config["variants"]`` becomes
+    ``command_line["variants"]`` (Snakemake's ``overwrite_config``: those files merged in order, then the
+    ``--config`` values). Without such a file nothing changes, so ``--config 'variants={...}'`` still edits
+    config.yaml's variants. Returns whether the variants were replaced. A file that cannot be read or parsed
+    is left to Snakemake, which has read it already."""
+    import yaml
+
+    def names_variants(path: str | Path) -> bool:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return False
+        return isinstance(loaded, Mapping) and "variants" in loaded
+
+    if not any(names_variants(path) for path in configfiles) or "variants" not in command_line:
+        return False
+    config["variants"] = json.loads(json.dumps(command_line["variants"]))
+    return True
+
+
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
     if key not in cfg:
         raise SpeedrunError(f"{what}: training setting `{key}` is missing (expected an integer)")
