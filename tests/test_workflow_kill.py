@@ -66,12 +66,20 @@ def _start(workdir: Path, *args: str) -> subprocess.Popen:
                             env=_env(workdir), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _wait_until_slow_trains(workdir: Path, proc: subprocess.Popen, timeout: float = 240.0) -> None:
-    """Until the slow run's temporary log exists (its model is built, it trains)."""
-    deadline = time.monotonic() + timeout
+def _slow_temporary_logs(workdir: Path) -> set[str]:
     slow = workdir / "results/train/slow"
+    return {p.name for p in slow.iterdir() if p.name.startswith(".tmp-seed0.txt.")} if slow.is_dir() else set()
+
+
+def _wait_until_slow_trains(workdir: Path, proc: subprocess.Popen, stale: set[str],
+                            timeout: float = 240.0) -> None:
+    """Until a new temporary log of the slow run exists (its model is built, it trains). The one that a
+    SIGKILL left behind does not count: taken for the rerun's, it let the test kill Snakemake before the rerun's
+    job had started (a flaky LockException where the incomplete run's refusal was expected). ``stale``: the
+    temporary logs there before Snakemake started."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if slow.is_dir() and any(p.name.startswith(".tmp-seed0.txt.") for p in slow.iterdir()):
+        if _slow_temporary_logs(workdir) - stale:
             return
         if proc.poll() is not None:
             raise AssertionError(f"snakemake ended ({proc.returncode}):\n{(workdir / 'snakemake.out').read_text()}")
@@ -109,15 +117,16 @@ def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_
     try:
         # 1. The whole process group killed while `slow` trains, after `baseline` finished.
         proc = _start(workdir)
-        _wait_until_slow_trains(workdir, proc)
+        _wait_until_slow_trains(workdir, proc, set())
         finished = (workdir / TARGETS[0]).read_bytes()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         assert _all_end(workdir) == [], "training processes outlived the killed process group"
         assert _recover_and_plan(workdir) == {"train": 1}          # slow only: baseline is kept
         # 2. The README's rerun, killed again, Snakemake alone (its job shells and torchrun stay in its group).
+        stale = _slow_temporary_logs(workdir)
         proc = _start(workdir, "--rerun-incomplete")
-        _wait_until_slow_trains(workdir, proc)
+        _wait_until_slow_trains(workdir, proc, stale)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert _all_end(workdir) == [], "training processes outlived Snakemake (orphans)"
