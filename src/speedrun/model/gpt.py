@@ -65,7 +65,8 @@ class GPT(nn.Module):
     (:class:`speedrun.model.residual.SublayerResidual`; the forward of :func:`speedrun.model.residual.run_sublayers`);
     with ``config.mudd``, ``mudd`` (:class:`speedrun.model.mudd.DenseConnections`, record #81); with
     ``config.mudd_gates``, ``mudd_gates`` (:class:`speedrun.model.mudd.MuddGates`, record #85).
-    :meth:`parameter_kinds` labels each parameter for the optimizers.
+    :meth:`parameter_kinds` labels each parameter for the optimizers; :meth:`parameter_roles` names those they
+    treat apart from the rest of their kind (:mod:`speedrun.model.roles`).
 
     Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
     initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`

@@ -5,6 +5,9 @@ inside the blocks) goes to Muon; ``embed``, ``head`` and ``scalar`` go to AdamW,
 kind with its own learning rate (records #3-#10 of the public speedrun: Adam at lr 0.6 for the embedding,
 0.008 for the head, 0.04 for scalars; Muon at 0.05). Every parameter lands in exactly one group; anything
 else raises. Each group keeps ``kind`` and ``initial_lr`` so that the schedules rescale ``lr`` from it.
+The parameters that some settings treat apart from the rest of their kind (the MLP matrices' lr factors, the
+attention gates moved to Muon) are found by the roles their modules declare (:mod:`speedrun.model.roles`,
+:meth:`speedrun.model.gpt.GPT.parameter_roles`), never by their names.
 """
 
 from __future__ import annotations
