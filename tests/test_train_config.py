@@ -118,6 +118,24 @@ def test_schedule_settings_reach_the_schedule_config():
     assert (default.lr_stage_multipliers, default.momentum_cooldown_steps) == ((), 0)
 
 
+def test_the_lr_and_momentum_settings_are_declared_once():
+    """The schedule section takes its lr and momentum fields from the optimizers' LrMomentumSchedule, and a
+    run's ScheduleConfig reads every one of them from it, none copied by hand; one set of defaults."""
+    from speedrun.optim.config import LrMomentumSchedule, ScheduleConfig
+    from speedrun.training.config import ScheduleSettings
+
+    shared = [f.name for f in dataclasses.fields(LrMomentumSchedule)]
+    assert issubclass(ScheduleSettings, LrMomentumSchedule) and issubclass(ScheduleConfig, LrMomentumSchedule)
+    values = {"lr_stage_multipliers": [1.0, 2.0], "cooldown_frac": 0.3, "lr_floor": 0.2, "momentum_warmup_steps": 7,
+              "momentum_cooldown_steps": 5}
+    assert sorted(values) == sorted(shared)
+    schedule = TrainConfig.from_dict({**values, "steps": 40, "muon_momentum": 0.9}).schedule_config()
+    assert {name: getattr(schedule, name) for name in shared} == {**values, "lr_stage_multipliers": (1.0, 2.0)}
+    assert (schedule.steps, schedule.momentum_start, schedule.momentum_end) == (40, 0.85, 0.9)
+    assert ScheduleConfig.of(ScheduleSettings(), steps=10) == ScheduleConfig(steps=10)
+    assert (ScheduleConfig(steps=10).cooldown_frac, ScheduleConfig(steps=10).momentum_warmup_steps) == (0.4, 300)
+
+
 @pytest.mark.parametrize("settings,match", [
     ({"lr_stage_multipliers": [1.0, -1.52]}, r"train.lr_stage_multipliers must be a finite number >= 0.0"),
     ({"lr_stage_multipliers": [1.0, "1.5"]}, r"train.lr_stage_multipliers must be a finite number >= 0.0, got .1.5. \(text, not a number"),
@@ -301,19 +319,24 @@ def test_the_schema_and_the_dataclasses_list_the_same_training_settings():
 
 
 def test_every_field_of_the_settings_has_its_own_docstring():
-    """Each field of TrainConfig and of its sections is followed by its docstring (where it is declared)."""
+    """Each field of TrainConfig and of its sections is followed by its docstring where it is declared: in
+    the class, or in the dataclass it extends (ScheduleSettings the optimizers' LrMomentumSchedule)."""
     import ast
     import inspect
 
     from speedrun.training.config import SECTIONS
 
     for cls in [TrainConfig, *SECTIONS.values()]:
-        body = ast.parse(inspect.getsource(cls)).body[0].body
-        fields = [node.target.id for node in body if isinstance(node, ast.AnnAssign)]
-        documented = [node.target.id for node, after in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
-                      and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                      and isinstance(after.value.value, str)]
-        assert fields == documented == [f.name for f in dataclasses.fields(cls)], cls.__name__
+        declared = []
+        for owner in [c for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]:
+            body = ast.parse(inspect.getsource(owner)).body[0].body
+            fields = [node.target.id for node in body if isinstance(node, ast.AnnAssign)]
+            documented = [node.target.id for node, after in zip(body, body[1:]) if isinstance(node, ast.AnnAssign)
+                          and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                          and isinstance(after.value.value, str)]
+            assert fields == documented, owner.__name__
+            declared += fields
+        assert declared == [f.name for f in dataclasses.fields(cls)], cls.__name__
 
 
 def test_the_flat_settings_round_trip_through_the_sections():

@@ -186,7 +186,7 @@ def test_gates_are_adam_scalars_even_with_muon_attention_gates():
     params = dict(model.named_parameters())
     assert [(kinds[n], tuple(params[n].shape)) for n in names] == [("scalar", (2, 12))] * 2
     assert sorted(n for n in kinds if "ve_gate" in n) == names
-    moved = optimizer_kinds(kinds, OptimConfig(muon_attention_gates=True))
+    moved = optimizer_kinds(kinds, OptimConfig(muon_attention_gates=True), model.parameter_roles())
     assert [moved[n] for n in names] == ["scalar", "scalar"]
     assert moved["blocks.0.attn.gate.weight"] == "matrix"                       # the output gate does move
     for config in (OptimConfig(), OptimConfig(muon_attention_gates=True)):

@@ -35,12 +35,13 @@ from speedrun.model.embeddings import Smear, ValueEmbeddings
 from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache
 from speedrun.model.init import init_output_, init_torch_linear_inputs_
 from speedrun.model.loss import linear_cross_entropy
-from speedrun.model.mudd import DenseConnections, MuddGates
+from speedrun.model.mudd import CoefficientNet, DenseConnections, MuddGates
 from speedrun.model.norm import rms_norm
 from speedrun.model.packing import document_positions
 from speedrun.model.paired import paired_positions
 from speedrun.model.prefix import prefix_token_table
 from speedrun.model.residual import SublayerResidual, run_sublayers
+from speedrun.model.roles import ParamRole, check_role_layers, declared_roles
 from speedrun.model.rotary import rotary_frequencies, rotary_table, yarn_attention_scale, yarn_frequencies
 from speedrun.model.skips import GatedSkip, UNetSkips
 from speedrun.model.value_residual import first_layer_values
@@ -64,7 +65,8 @@ class GPT(nn.Module):
     (:class:`speedrun.model.residual.SublayerResidual`; the forward of :func:`speedrun.model.residual.run_sublayers`);
     with ``config.mudd``, ``mudd`` (:class:`speedrun.model.mudd.DenseConnections`, record #81); with
     ``config.mudd_gates``, ``mudd_gates`` (:class:`speedrun.model.mudd.MuddGates`, record #85).
-    :meth:`parameter_kinds` labels each parameter for the optimizers.
+    :meth:`parameter_kinds` labels each parameter for the optimizers; :meth:`parameter_roles` names those they
+    treat apart from the rest of their kind (:mod:`speedrun.model.roles`).
 
     Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
     initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`
@@ -451,11 +453,12 @@ class GPT(nn.Module):
             chosen += _kinds(optional["skips"], {"gate": "skip_gate"}, "scalar")
         if optional["residual"] is not None:
             chosen += _kinds(optional["residual"], {"resid_lambdas": "resid_lambda"}, "lambda")
-        for module in (m for m in (optional["mudd"],) if m is not None):
-            chosen += [("mudd_bias" if name.endswith("b2") else "mudd", p) for name, p in module.named_parameters()]
-        for module in (m for m in (optional["mudd_gates"],) if m is not None):
-            chosen += [("mudd_gate" if name.endswith(("w1", "w2")) else "mudd_gate_bias", p)
-                       for name, p in module.named_parameters()]
+        if optional["mudd"] is not None:
+            chosen += _coefficient_kinds((optional["mudd"].layer, optional["mudd"].final), "mudd", "mudd_bias")
+        if optional["mudd_gates"] is not None:
+            gates = optional["mudd_gates"]
+            chosen += _coefficient_kinds((gates.pre, gates.post), "mudd_gate", "mudd_gate_bias")
+            chosen.append(("mudd_gate_bias", gates.scale))
         if getattr(self, "backout_lambda", None) is not None:
             chosen.append(("scalar", self.backout_lambda))
         for block in self.blocks:
@@ -472,6 +475,26 @@ class GPT(nn.Module):
             raise ValueError(f"parameters {missing} have no optimizer kind")
         return {name: kinds[name] for name in names.values()}
 
+    def parameter_roles(self) -> dict[ParamRole, list[str]]:
+        """Role -> the names of its parameters (every role of :data:`speedrun.model.roles.PARAM_ROLES`, in the
+        order of ``named_parameters()``), as the modules declare them (:func:`speedrun.model.roles.declared_roles`):
+        ``mlp_fc`` / ``mlp_proj`` the fc / proj weight of each block's MLP, ``attention_gate`` the output
+        gate's weight of each gated attention. Counted against the config: one parameter of each MLP role
+        on every layer not in ``mlp_free_layers``, one ``attention_gate`` on every layer of
+        ``attention_gate_layers`` (none with ``mudd_gates``, whose gates are not parameters of the
+        attention); raises ``ValueError`` naming the role and the layers missing or extra
+        (:func:`speedrun.model.roles.check_role_layers`)."""
+        cfg = self.config
+        declared = declared_roles(self)
+        names = {id(p): name for name, p in self.named_parameters()}
+        layer_of = {id(p): i for i, block in enumerate(self.blocks) for p in block.parameters()}
+        mlp_layers = [i for i in range(cfg.n_layer) if i not in cfg.mlp_free_layers]
+        gate_layers = [] if cfg.mudd_gates else list(cfg.attention_gate_layers)
+        roles = {role: [names[id(p)] for p in params] for role, params in declared.items()}
+        check_role_layers({role: [layer_of.get(id(p)) for p in params] for role, params in declared.items()},
+                          {"mlp_fc": mlp_layers, "mlp_proj": mlp_layers, "attention_gate": gate_layers}, roles)
+        return roles
+
 
 def _kinds(module: nn.Module, by_name: Mapping[str, ParamKind],
            other: ParamKind | None = None) -> list[tuple[ParamKind, nn.Parameter]]:
@@ -479,6 +502,12 @@ def _kinds(module: nn.Module, by_name: Mapping[str, ParamKind],
     neither is left without a kind, which :meth:`GPT.parameter_kinds` then refuses)."""
     return [(by_name.get(name, other), p) for name, p in module.named_parameters(recurse=False)
             if by_name.get(name, other) is not None]
+
+
+def _coefficient_kinds(nets: tuple[CoefficientNet, ...], weight: ParamKind,
+                       bias: ParamKind) -> list[tuple[ParamKind, nn.Parameter]]:
+    """(kind, parameter) for MUDD coefficient networks: their w1 and w2 ``weight``, their b2 ``bias``."""
+    return [pair for net in nets for pair in ((weight, net.w1), (weight, net.w2), (bias, net.b2))]
 
 
 def _block_kinds(block: nn.Module, gate_kind: ParamKind) -> list[tuple[ParamKind, nn.Parameter]]:

@@ -1,11 +1,12 @@
 """The optimizers' settings as plain data (no torch import, so that the workflow can check a config at
-planning time): :class:`OptimConfig`, :class:`ScheduleConfig` and the orthogonalizer names.
+planning time): :class:`OptimConfig`, :class:`LrMomentumSchedule`, :class:`ScheduleConfig` and the
+orthogonalizer names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Mapping, get_args
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Mapping, get_args
 
 Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
@@ -120,18 +121,41 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
-class ScheduleConfig:
-    """The step schedules (see :mod:`speedrun.optim.schedules`).
+class LrMomentumSchedule:
+    """The shape of the lr factor and of Muon's momentum over the steps (:func:`speedrun.optim.schedules.lr_factor`,
+    :func:`~speedrun.optim.schedules.muon_momentum`), as a training config sets them: the one declaration of
+    these settings, extended by the training's schedule section
+    (:class:`speedrun.training.config.ScheduleSettings`) and by a run's :class:`ScheduleConfig`."""
 
-    ``lr_stage_multipliers``: one lr multiplier per equal stage of the steps (speedrun-spec.md 3.5: 1.0,
-    1.52, 1.73); empty: 1.0. ``momentum_cooldown_steps``: Muon's momentum falls back from
-    ``momentum_end`` to ``momentum_start`` over these last steps (the record: 50); 0: no cooldown."""
+    lr_stage_multipliers: tuple[float, ...] = ()
+    """Every base lr times the multiplier of its equal stage of the steps (the record's 1.0, 1.52, 1.73 with
+    its three batch-size stages, speedrun-spec.md 3.5; empty: 1.0 throughout), until the cooldown."""
+    cooldown_frac: float = 0.4
+    """Over the last ``cooldown_frac`` of the steps the lr goes linearly from the stage's multiplier down to
+    ``lr_floor`` (the record: 0.6)."""
+    lr_floor: float = 0.0
+    """The lr factor at the end of the cooldown, absolute, not scaled by the stage (the record: 0.15)."""
+    momentum_warmup_steps: int = 300
+    """Steps over which Muon's momentum rises from 0.85 to ``muon_momentum`` (the record: 300)."""
+    momentum_cooldown_steps: int = 0
+    """Last steps over which Muon's momentum falls back to 0.85 (the record: 50; 0: no cooldown)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig(LrMomentumSchedule):
+    """The step schedules of one run (see :mod:`speedrun.optim.schedules`): the settings of
+    :class:`LrMomentumSchedule` over the run's ``steps``, Muon's momentum going from ``momentum_start`` to
+    ``momentum_end`` and back. :meth:`of` builds it from a config's settings."""
 
     steps: int
-    cooldown_frac: float
-    lr_floor: float
-    momentum_warmup_steps: int
+    """The run's optimizer steps."""
     momentum_start: float = 0.85
+    """Muon's momentum at step 0 and at the end of its cooldown."""
     momentum_end: float = 0.95
-    lr_stage_multipliers: tuple[float, ...] = ()
-    momentum_cooldown_steps: int = 0
+    """Muon's momentum after the warm-up (the training's ``muon_momentum``)."""
+
+    @classmethod
+    def of(cls, settings: LrMomentumSchedule, **run: Any) -> ScheduleConfig:
+        """The fields of :class:`LrMomentumSchedule` read from ``settings`` (one, or an extension such as
+        :class:`speedrun.training.config.ScheduleSettings`) with ``run``: ``steps`` and the momentum's ends."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(LrMomentumSchedule)}, **run)

@@ -5,15 +5,19 @@ inside the blocks) goes to Muon; ``embed``, ``head`` and ``scalar`` go to AdamW,
 kind with its own learning rate (records #3-#10 of the public speedrun: Adam at lr 0.6 for the embedding,
 0.008 for the head, 0.04 for scalars; Muon at 0.05). Every parameter lands in exactly one group; anything
 else raises. Each group keeps ``kind`` and ``initial_lr`` so that the schedules rescale ``lr`` from it.
+The parameters that some settings treat apart from the rest of their kind (the MLP matrices' lr factors, the
+attention gates moved to Muon) are found by the roles their modules declare (:mod:`speedrun.model.roles`,
+:meth:`speedrun.model.gpt.GPT.parameter_roles`), never by their names.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 
+from speedrun.model.roles import PARAM_ROLES
 from speedrun.optim.adam import build_adamw
 from speedrun.optim.langevin import langevin_sigma
 from speedrun.optim.muon import Muon
@@ -100,41 +104,68 @@ def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, li
     return out
 
 
-MLP_PROJ_SUFFIX = ".mlp.proj.weight"
-MLP_FC_SUFFIX = ".mlp.fc.weight"
-ATTENTION_GATE_MARK = ".attn.gate."
+def model_roles(model: nn.Module) -> dict[str, list[str]]:
+    """Role -> parameter names as ``model.parameter_roles()`` gives them (counted there:
+    :meth:`speedrun.model.gpt.GPT.parameter_roles`); empty for a model without that method."""
+    declare = getattr(model, "parameter_roles", None)
+    return {} if declare is None else dict(declare())
 
 
-def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: OptimConfig) -> list[dict]:
+def check_roles(model: nn.Module, roles: Mapping[str, Sequence[str]]) -> None:
+    """Raise ``ValueError`` when ``roles`` names a role outside :data:`speedrun.model.roles.PARAM_ROLES`, a
+    name that is no parameter of ``model``, or one parameter in two roles."""
+    unknown = sorted(set(roles) - set(PARAM_ROLES))
+    named = dict(model.named_parameters())
+    strays = sorted(n for names in roles.values() for n in names if n not in named)
+    listed = [n for names in roles.values() for n in names]
+    twice = sorted({n for n in listed if listed.count(n) > 1})
+    if unknown or strays or twice:
+        raise ValueError(f"parameter roles: unknown roles {unknown} (the roles are {', '.join(PARAM_ROLES)}); "
+                         f"names of no parameter {strays}; parameters in two roles {twice}")
+
+
+def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: OptimConfig,
+                      roles: Mapping[str, Sequence[str]]) -> list[dict]:
     """Muon's parameter groups, in this order: every other matrix at ``muon_lr``; the MLP input matrices
-    (names ending in ``.mlp.fc.weight``) at ``muon_lr * mlp_fc_lr_mul`` when that factor is not 1 (record #28,
-    2025-08-23 SparseAttnGate: 0.5); the MLP output matrices (``.mlp.proj.weight``) at
-    ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1 (speedrun-spec.md 3.2). These are group lrs: Muon
-    multiplies each matrix's step by its shape factor max(1, rows/cols)**0.5 on top
-    (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left out."""
+    (role ``mlp_fc`` in ``roles``, role -> parameter names: :mod:`speedrun.model.roles`) at
+    ``muon_lr * mlp_fc_lr_mul`` when that factor is not 1 (record #28, 2025-08-23 SparseAttnGate: 0.5); the
+    MLP output matrices (role ``mlp_proj``) at ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1
+    (speedrun-spec.md 3.2). These are group lrs: Muon multiplies each matrix's step by its shape factor
+    max(1, rows/cols)**0.5 on top (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left
+    out. Raises ``ValueError`` when a factor is not 1 and a parameter of its role is not among ``matrices``."""
     names = {id(p): n for n, p in model.named_parameters()}
-    special = [(MLP_FC_SUFFIX, config.mlp_fc_lr_mul), (MLP_PROJ_SUFFIX, config.mlp_proj_lr_mul)]
-    chosen = [(mul, [p for p in matrices if names[id(p)].endswith(suffix)] if mul != 1 else [])
-              for suffix, mul in special]
-    taken = {id(p) for _, ps in chosen for p in ps}
-    rest = [p for p in matrices if id(p) not in taken]
-    groups = [(rest, config.muon_lr)] + [(ps, config.muon_lr * mul) for mul, ps in chosen]
-    return [dict(params=ps, lr=r, initial_lr=r, kind="matrix") for ps, r in groups if ps]
+    special: list[tuple[list[nn.Parameter], float]] = []
+    for role, mul in (("mlp_fc", config.mlp_fc_lr_mul), ("mlp_proj", config.mlp_proj_lr_mul)):
+        if mul == 1:
+            continue
+        members = set(roles.get(role, ()))
+        chosen = [p for p in matrices if names[id(p)] in members]
+        if len(chosen) != len(members):
+            outside = sorted(members - {names[id(p)] for p in chosen})
+            raise ValueError(f"the parameters {outside} of role {role!r} are not Muon matrices, so its lr factor "
+                             f"{mul} cannot apply to them")
+        special.append((chosen, mul))
+    taken = {id(p) for ps, _ in special for p in ps}
+    groups = [([p for p in matrices if id(p) not in taken], 1.0)] + special
+    return [dict(params=ps, lr=config.muon_lr * mul, initial_lr=config.muon_lr * mul, kind="matrix")
+            for ps, mul in groups if ps]
 
 
-def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig) -> dict[str, str]:
-    """``kinds`` as the optimizers take them: with ``muon_attention_gates``, every parameter whose name
-    contains ``.attn.gate.`` (the (H, 12) attention output gates, kind ``scalar`` in
-    :meth:`speedrun.model.gpt.GPT.parameter_kinds`) becomes ``matrix``, so that it trains with Muon at
-    ``muon_lr`` as record #28's ``dampen`` weight does (2025-08-23 SparseAttnGate, its train_gpt.py: every
-    2-D parameter inside its blocks goes to Muon). Otherwise unchanged (a new dict either way). Raises
-    ``ValueError`` when the switch is on and no parameter is an attention gate."""
+def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig,
+                    roles: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """``kinds`` as the optimizers take them: with ``muon_attention_gates``, every parameter of role
+    ``attention_gate`` in ``roles`` (role -> parameter names; the (H, 12) attention output gates, kind
+    ``scalar`` or ``gate`` in :meth:`speedrun.model.gpt.GPT.parameter_kinds`) becomes ``matrix``, so that it
+    trains with Muon at ``muon_lr`` as record #28's ``dampen`` weight does (2025-08-23 SparseAttnGate, its
+    train_gpt.py: every 2-D parameter inside its blocks goes to Muon). Otherwise unchanged (a new dict
+    either way). Raises ``ValueError`` when the switch is on and no parameter is an attention gate."""
     if not config.muon_attention_gates:
         return dict(kinds)
-    if not any(ATTENTION_GATE_MARK in name for name in kinds):
-        raise ValueError("muon_attention_gates is on but the model has no attention gate "
-                         f"(no parameter named *{ATTENTION_GATE_MARK}*)")
-    return {name: "matrix" if ATTENTION_GATE_MARK in name else kind for name, kind in kinds.items()}
+    gates = set(roles.get("attention_gate", ()))
+    if not gates:
+        raise ValueError("muon_attention_gates is on but the model has no attention gate (no parameter of role "
+                         "'attention_gate')")
+    return {name: "matrix" if name in gates else kind for name, kind in kinds.items()}
 
 
 def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> dict:
@@ -152,20 +183,25 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
     return group
 
 
-def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig) -> Optimizers:
+def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig,
+                     roles: Mapping[str, Sequence[str]] | None = None) -> Optimizers:
     """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
     ``weight_decay``) over the ``matrix`` ones.
 
     ``kinds``: parameter name -> kind (e.g. ``model.parameter_kinds()``), re-mapped by
-    :func:`optimizer_kinds` (``muon_attention_gates``). Adam's ε is ``adam_eps`` in every Adam group; each
+    :func:`optimizer_kinds` (``muon_attention_gates``). ``roles``: role -> parameter names, the parameters
+    that ``muon_attention_gates``, ``mlp_fc_lr_mul`` and ``mlp_proj_lr_mul`` treat apart (None: the model's own,
+    :func:`model_roles`; checked by :func:`check_roles`). Adam's ε is ``adam_eps`` in every Adam group; each
     Adam group's ``betas`` are ``adam_kind_betas[kind]`` where given, else ``adam_betas`` (the record's
     per-kind betas, speedrun-spec.md 3.3); the kinds of records #81-#89 as :func:`adam_group` gives them.
     Empty groups are left out. Raises ``ValueError`` when a
     parameter has no kind, lands in no optimizer or in two, or goes to Muon without being 2-D.
     """
-    by_kind = split_parameters(model, optimizer_kinds(kinds, config))
+    roles = model_roles(model) if roles is None else roles
+    check_roles(model, roles)
+    by_kind = split_parameters(model, optimizer_kinds(kinds, config, roles))
     adam_groups = [adam_group(kind, by_kind[kind], config) for kind in ALL_ADAM_KINDS if by_kind[kind]]
-    muon_groups = muon_param_groups(model, by_kind["matrix"], config)
+    muon_groups = muon_param_groups(model, by_kind["matrix"], config, roles)
     device = next(model.parameters()).device
     optimizers: list[torch.optim.Optimizer] = []
     if adam_groups:

@@ -24,8 +24,8 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS, OptimConfig,
-                                   ScheduleConfig)
+from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS,
+                                   LrMomentumSchedule, OptimConfig, ScheduleConfig)
 from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
 from speedrun.optim.stages import StagedSchedule, record_schedule
 
@@ -36,28 +36,16 @@ WindowStageSpan = Literal["steps", "steps_plus_one"]
 
 
 @dataclass(frozen=True)
-class ScheduleSettings:
-    """What changes over the steps: the batch size, the learning rates and Muon's momentum
-    (:func:`speedrun.optim.schedules.lr_factor`, :func:`~speedrun.optim.schedules.momentum`), the attention
-    windows and the untying of the embedding. Each schedule of equal stages splits the steps into as many
-    equal parts (:func:`speedrun.optim.schedules.stage_index`); a staged schedule with stages of their own
-    durations would be one more field here."""
+class ScheduleSettings(LrMomentumSchedule):
+    """What changes over the steps: the learning rates and Muon's momentum (the fields of
+    :class:`speedrun.optim.config.LrMomentumSchedule`, declared there), the batch size, the attention windows
+    and the untying of the embedding. Each schedule of equal stages splits the steps into as many equal parts
+    (:func:`speedrun.optim.schedules.stage_index`); ``staged_schedule`` gives stages of their own durations
+    instead."""
 
     batch_schedule: tuple[tuple[int, int], ...] = ()
     """Batch-size schedule (records #46, #72): one ``[tokens_per_step, max_seq_len]`` pair per equal stage of
     the steps, replacing ``tokens_per_step`` and ``max_seq_len`` (empty: constant)."""
-    lr_stage_multipliers: tuple[float, ...] = ()
-    """Every base lr times the multiplier of its equal stage of the steps (the record's 1.0, 1.52, 1.73 with
-    its three batch-size stages, speedrun-spec.md 3.5; empty: 1.0 throughout), until the cooldown."""
-    cooldown_frac: float = 0.4
-    """Over the last ``cooldown_frac`` of the steps the lr goes linearly from the stage's multiplier down to
-    ``lr_floor`` (the record: 0.6)."""
-    lr_floor: float = 0.0
-    """The lr factor at the end of the cooldown, absolute, not scaled by the stage (the record: 0.15)."""
-    momentum_warmup_steps: int = 300
-    """Steps over which Muon's momentum rises from 0.85 to ``muon_momentum`` (the record: 300)."""
-    momentum_cooldown_steps: int = 0
-    """Last steps over which Muon's momentum falls back to 0.85 (the record: 50; 0: no cooldown)."""
     window_schedule: tuple[tuple[int, int], ...] = ()
     """Attention windows (:func:`speedrun.optim.schedules.window_blocks`, records #13, #31, #33): one
     ``[short, long]`` pair of windows in blocks per equal stage of the steps, short <= long (empty: the
@@ -540,11 +528,7 @@ class TrainConfig:
                                   momentum_warmup_steps=staged.momentum_warmup_steps,
                                   momentum_end=staged.momentum_max,
                                   momentum_cooldown_steps=staged.momentum_cooldown_steps)
-        return ScheduleConfig(steps=self.steps, cooldown_frac=schedule.cooldown_frac, lr_floor=schedule.lr_floor,
-                              momentum_warmup_steps=schedule.momentum_warmup_steps,
-                              momentum_end=self.optimizer.muon_momentum,
-                              lr_stage_multipliers=schedule.lr_stage_multipliers,
-                              momentum_cooldown_steps=schedule.momentum_cooldown_steps)
+        return ScheduleConfig.of(schedule, steps=self.steps, momentum_end=self.optimizer.muon_momentum)
 
     def to_json(self) -> str:
         """One line of JSON: every setting, flat (:meth:`settings`), with ``model`` resolved to the full model

@@ -1,0 +1,160 @@
+"""Parameter roles (speedrun.model.roles): the modules declare which of their parameters the optimizers treat
+apart (the MLP its fc and proj weights, the attention its output gate's), GPT.parameter_roles counts them
+against the config, and the optimizer groups follow the roles, not the parameters' names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from speedrun.model.config import PRESETS, build_model_config
+from speedrun.model.gpt import GPT
+from speedrun.model.mlp import MLP
+from speedrun.model.roles import PARAM_ROLES, check_role_layers, declared_roles
+from speedrun.optim.groups import OptimConfig, build_optimizers, check_roles, muon_param_groups
+
+
+def meta_gpt(preset: str, **overrides) -> GPT:
+    with torch.device("meta"):
+        return GPT(build_model_config(preset, overrides))
+
+
+def small_gpt(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(build_model_config("tiny", {"n_layer": 3, "vocab_size": 64, **overrides}))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_declares_one_mlp_pair_per_mlp_and_one_gate_per_gated_attention(preset):
+    model = meta_gpt(preset)
+    roles = model.parameter_roles()
+    params = dict(model.named_parameters())
+    mlps = [b.mlp for b in model.blocks if b.mlp is not None]
+    gates = [b.attn.gate for b in model.blocks if b.attn is not None and b.attn.gate is not None]
+    assert sorted(roles) == sorted(PARAM_ROLES)
+    assert [params[n] for n in roles["mlp_fc"]] == [m.fc.weight for m in mlps]
+    assert [params[n] for n in roles["mlp_proj"]] == [m.proj.weight for m in mlps]
+    assert [params[n] for n in roles["attention_gate"]] == [g.weight for g in gates]
+    config = model.config
+    assert len(mlps) == config.n_layer - len(config.mlp_free_layers)
+    assert len(gates) == (0 if config.mudd_gates else len(config.attention_gate_layers))
+
+
+def test_the_roles_of_a_small_model_by_name():
+    model = small_gpt(attention_gate_layers=(0, 2), mlp_free_layers=(1,))
+    assert model.parameter_roles() == {
+        "mlp_fc": ["blocks.0.mlp.fc.weight", "blocks.2.mlp.fc.weight"],
+        "mlp_proj": ["blocks.0.mlp.proj.weight", "blocks.2.mlp.proj.weight"],
+        "attention_gate": ["blocks.0.attn.gate.weight", "blocks.2.attn.gate.weight"]}
+
+
+def test_an_mlp_that_declares_nothing_is_counted_missing():
+    model = small_gpt()
+    model.blocks[1].mlp.own_parameter_roles = lambda: {}
+    with pytest.raises(ValueError, match=r"role 'mlp_fc': the model config gives one on each of layers \[0, 1, 2\] "
+                                         r"\(3\), the modules declare 2: missing on layers \[1\]"):
+        model.parameter_roles()
+
+
+def test_a_role_declared_outside_the_blocks_or_twice_on_a_layer_is_counted_extra():
+    model = small_gpt()
+    model.extra = MLP(model.config)
+    with pytest.raises(ValueError, match=r"role 'mlp_fc'.*declare 4: missing on layers \[\], extra on layers \[\], "
+                                         r"outside the blocks \['extra.fc.weight'\]"):
+        model.parameter_roles()
+    del model.extra
+    model.blocks[0].attn.second = MLP(model.config)
+    with pytest.raises(ValueError, match=r"role 'mlp_fc'.*extra on layers \[0\]"):
+        model.parameter_roles()
+
+
+def test_check_role_layers_passes_the_counts_the_config_gives():
+    check_role_layers({"mlp_fc": [0, 1]}, {"mlp_fc": [1, 0]}, {"mlp_fc": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"role 'attention_gate'.*missing on layers \[3\]"):
+        check_role_layers({"attention_gate": [1]}, {"attention_gate": [1, 3]}, {"attention_gate": ["g1"]})
+
+
+class Holder(nn.Module):
+    """A module with two weights, declaring roles as told."""
+
+    def __init__(self, declare):
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(2, 2))
+        self.b = nn.Parameter(torch.zeros(2, 2))
+        self.declare = declare
+
+    def own_parameter_roles(self):
+        return self.declare(self)
+
+
+def test_bad_declarations_are_refused_naming_the_module():
+    with pytest.raises(ValueError, match=r"Holder \(the model\) declares the unknown parameter role 'mlp_up'"):
+        declared_roles(Holder(lambda m: {"mlp_up": [m.a]}))
+    stranger = nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match=r"declares the role 'mlp_fc' for a parameter that is not its own"):
+        declared_roles(Holder(lambda m: {"mlp_fc": [stranger]}))
+    with pytest.raises(ValueError, match=r"parameter 'a' is declared twice, as 'mlp_fc' and 'mlp_proj'"):
+        declared_roles(Holder(lambda m: {"mlp_fc": [m.a], "mlp_proj": [m.a]}))
+    holder = Holder(lambda m: {"mlp_proj": [m.b, m.a]})
+    roles = declared_roles(holder)
+    assert sorted(roles) == sorted(PARAM_ROLES) and roles["mlp_fc"] == [] and roles["attention_gate"] == []
+    assert [p is q for p, q in zip(roles["mlp_proj"], (holder.a, holder.b))] == [True, True]  # parameter order
+
+
+def test_groups_follow_the_roles_not_the_names():
+    """An MLP held under another attribute name (``ffn``) still gets its lr factors; a matrix named like an MLP
+    weight but declared by no module does not."""
+
+    class Renamed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = build_model_config("tiny", {"n_layer": 1, "vocab_size": 64})
+            self.ffn = MLP(config)
+            self.blocks = nn.ModuleDict({"mlp": nn.ModuleDict({"proj": nn.Linear(64, 64, bias=False)})})
+
+        def parameter_roles(self):
+            return {role: [n for n, p in self.named_parameters() if any(p is q for q in params)]
+                    for role, params in declared_roles(self).items()}
+
+    model = Renamed()
+    kinds = {name: "matrix" for name, _ in model.named_parameters()}
+    muon = build_optimizers(model, kinds, OptimConfig(muon_lr=0.02, mlp_fc_lr_mul=0.5, mlp_proj_lr_mul=4.0))
+    groups = [(g["initial_lr"], g["params"]) for g in muon.optimizers[-1].param_groups]
+    assert groups == [(0.02, [model.blocks.mlp.proj.weight]), (0.01, [model.ffn.fc.weight]),
+                      (0.08, [model.ffn.proj.weight])]
+
+
+def test_equal_factors_keep_two_groups():
+    model = small_gpt()
+    muon = build_optimizers(model, model.parameter_kinds(),
+                            OptimConfig(muon_lr=0.02, mlp_fc_lr_mul=0.5, mlp_proj_lr_mul=0.5)).optimizers[-1]
+    groups = [(g["initial_lr"], len(g["params"])) for g in muon.param_groups]
+    assert groups == [(0.02, 12), (0.01, 3), (0.01, 3)]
+    assert len({id(p) for g in muon.param_groups for p in g["params"]}) == 18
+
+
+def test_given_roles_are_checked_and_used():
+    model = small_gpt()
+    kinds = model.parameter_kinds()
+    with pytest.raises(ValueError, match=r"unknown roles \['mlp_up'\]"):
+        build_optimizers(model, kinds, OptimConfig(), roles={"mlp_up": []})
+    with pytest.raises(ValueError, match=r"names of no parameter \['blocks.9.mlp.fc.weight'\]"):
+        check_roles(model, {"mlp_fc": ["blocks.9.mlp.fc.weight"]})
+    with pytest.raises(ValueError, match=r"parameters in two roles \['blocks.0.mlp.fc.weight'\]"):
+        check_roles(model, {"mlp_fc": ["blocks.0.mlp.fc.weight"], "mlp_proj": ["blocks.0.mlp.fc.weight"]})
+    only = {"mlp_proj": ["blocks.1.mlp.proj.weight"]}
+    muon = build_optimizers(model, kinds, OptimConfig(muon_lr=0.02, mlp_proj_lr_mul=4.0), roles=only).optimizers[-1]
+    params = dict(model.named_parameters())
+    assert [(g["initial_lr"], g["params"]) for g in muon.param_groups][1] == (0.08, [params[only["mlp_proj"][0]]])
+    matrices = [p for n, p in model.named_parameters() if kinds[n] == "matrix"]
+    with pytest.raises(ValueError, match=r"\['embed.weight'\] of role 'mlp_fc' are not Muon matrices"):
+        muon_param_groups(model, matrices, OptimConfig(mlp_fc_lr_mul=0.5), {"mlp_fc": ["embed.weight"]})
+    with pytest.raises(ValueError, match="muon_attention_gates is on but the model has no attention gate"):
+        build_optimizers(model, kinds, OptimConfig(muon_attention_gates=True))
+
+
+def test_a_model_without_roles_takes_no_factor_group():
+    model = nn.Sequential(nn.Linear(4, 4, bias=False))
+    muon = build_optimizers(model, {"0.weight": "matrix"}, OptimConfig(mlp_fc_lr_mul=0.5)).optimizers[-1]
+    assert [g["initial_lr"] for g in muon.param_groups] == [0.05]
