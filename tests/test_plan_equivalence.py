@@ -8,6 +8,10 @@ from TrainConfig's defaults (a new switch, off by default, changes no run's para
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
 ``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
+plan-fineweb.json since follows configs/fineweb-8xh100.yaml (the record89 preset and its staged schedule, issue 20),
+and was re-recorded when that config wrote the records' Adam ε as they do (adam_eps 1e-10, the default, with
+adam_eps_units micro_batch_sum): the train jobs' --config lose "adam_eps":2.03e-15 and gain
+"adam_eps_units":"micro_batch_sum"; every job, output and resource is the same.
 """
 
 from __future__ import annotations
