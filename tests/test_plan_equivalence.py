@@ -11,7 +11,8 @@ And once more for issue 22: the train job first checks its shards (``<python> -m
 plan-fineweb.json since follows configs/fineweb-8xh100.yaml (the record89 preset and its staged schedule, issue 20),
 and was re-recorded when that config wrote the records' Adam ε as they do (adam_eps 1e-10, the default, with
 adam_eps_units micro_batch_sum): the train jobs' --config lose "adam_eps":2.03e-15 and gain
-"adam_eps_units":"micro_batch_sum"; every job, output and resource is the same.
+"adam_eps_units":"micro_batch_sum", and gain "adam_kind_wd_mul":{"embed":5,"head":150,"scalar":0} (the records'
+per-kind Adam weight decay); every job, output and resource is the same.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Record #87's optimizer settings (shared/reference-code/record87/train_gpt.py) and the records' Adam ε per stage:
-C-Optim in the cautious Adam (``adam_kind_coptim``) against one step computed here, the Langevin noise's warm-up
+C-Optim in the cautious Adam (``adam_kind_coptim``) against one step computed here, the per-kind weight decay of
+records #83-#89 (``adam_kind_wd_mul``), the Langevin noise's warm-up
 and end (``langevin_warmup_steps``, ``langevin_end_frac``), and ``adam_eps_units: micro_batch_sum`` through the
 real training loop (Adam's ε of every step is the records' ε over that step's micro-batch tokens)."""
 
@@ -80,6 +81,21 @@ def test_the_coptim_strength_reaches_the_kinds_adam_group_only():
     opts = build_optimizers(model, kinds, OptimConfig(cautious_weight_decay=True, adam_kind_coptim={"embed": 0.5}))
     groups = {g["kind"]: g for g in opts.groups()}
     assert groups["embed"]["coptim"] == 0.5 and "coptim" not in groups["head"]
+
+
+def test_adam_kind_wd_mul_scales_each_kinds_decay():
+    model = nn.ModuleDict({"t": nn.Embedding(6, 4), "h": nn.Linear(4, 6, bias=False), "s": nn.Linear(4, 1),
+                           "g": nn.Linear(2, 2, bias=False)})
+    kinds = {"t.weight": "embed", "h.weight": "head", "s.weight": "scalar", "s.bias": "scalar", "g.weight": "gate"}
+    opts = build_optimizers(model, kinds, OptimConfig(adam_weight_decay=0.005, cautious_weight_decay=True,
+                                                      adam_kind_wd_mul={"head": 150, "embed": 5, "scalar": 0}))
+    wd = {g["kind"]: g["weight_decay"] for g in opts.groups()}
+    assert wd == pytest.approx({"embed": 0.025, "head": 0.75, "scalar": 0.0, "gate": 0.005})   # gate: its table's 1
+    plain = build_optimizers(model, kinds, OptimConfig(adam_weight_decay=0.005, cautious_weight_decay=True))
+    assert {g["kind"]: g["weight_decay"] for g in plain.groups()} == pytest.approx(
+        {"embed": 0.005, "head": 0.005, "scalar": 0.005, "gate": 0.005})
+    with pytest.raises(SpeedrunError, match=r"train\.adam_kind_wd_mul\.head must be a finite number >= 0\.0"):
+        TrainConfig.from_dict({"adam_kind_wd_mul": {"head": -1}})
 
 
 def test_langevin_warm_up_and_end_by_hand():

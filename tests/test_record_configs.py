@@ -194,6 +194,9 @@ def test_record_config_validates_and_resolves(path):
     assert (opt.muon_lr, opt.muon_momentum, opt.normuon_beta2, opt.weight_decay) == (0.023, 0.95, 0.9, 1.2)
     head_lr = 0.008 * 0.95 if preset == "record87" else 0.008               # record87 L1933: lm_head lr_mul 0.95
     assert opt.cautious_weight_decay and opt.head_lr == head_lr and opt.embed_lr == pytest.approx(0.008 * 75)
+    # param_table wd_mul (record83 L1813-1826, record87 L1928-1941): lm_head and embed 150 (our head kind), value
+    # and bigram tables 5 (embed), scalars 0 (scalar); the sublayer kinds' from RECORD_ADAM_KINDS
+    assert dict(opt.adam_kind_wd_mul) == {"head": 150, "embed": 5, "scalar": 0}
     # the records' adam_defaults eps=1e-10 (one for every kind) on a loss summed over a micro-batch's tokens
     assert (opt.adam_eps, opt.adam_eps_units) == (1e-10, "micro_batch_sum")
     assert [train.adam_eps_at(s) for s in starts] == pytest.approx(

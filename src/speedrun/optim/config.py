@@ -82,6 +82,11 @@ class OptimConfig:
     (0.5, 0.95) (ours, while tied and after the untie step, is of kind ``head``; untied from the start it is of
     kind ``embed`` and gets the value and bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9,
     0.95), ours share the scalar group."""
+    adam_kind_wd_mul: Mapping[str, float] = field(default_factory=dict)
+    """Adam kind (:data:`ALL_ADAM_KINDS`) -> weight-decay multiplier >= 0: the group's decay is ``adam_weight_decay``
+    times it, in place of :data:`RECORD_ADAM_KINDS`' ``wd_mul`` (and of 1 for ``embed``, ``head``, ``scalar``).
+    Records #83-#89's param_table: lm_head and embed 150 (our ``head``: the head and the tied or untied token
+    embedding), value and bigram tables 5 (``embed``), scalars 0 (``scalar``)."""
     adam_kind_coptim: Mapping[str, float] = field(default_factory=dict)
     """Adam kind (:data:`ALL_ADAM_KINDS`) -> C-Optim strength s in [0, 1] (record #87, 2026-06-11
     RecursiveFromBest: 0.5 on its value-embedding and bigram tables, our kind ``embed``, which it never unties

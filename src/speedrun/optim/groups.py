@@ -143,7 +143,8 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
     """The Adam parameter group of ``kind``: ``lr`` (= ``initial_lr``) ``embed_lr``, ``head_lr``, ``scalar_lr``
     or, for a kind of :data:`speedrun.optim.config.RECORD_ADAM_KINDS`, ``adam_kind_lrs`` or the table's lr;
     ``betas`` ``adam_kind_betas``, else the table's, else ``adam_betas``; with a table kind, ``weight_decay``
-    ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default); ``coptim`` the
+    ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default), or times the kind's
+    ``adam_kind_wd_mul`` where given (any kind); ``coptim`` the
     kind's ``adam_kind_coptim`` strength where it is set and not 0."""
     record = RECORD_ADAM_KINDS.get(kind)
     base = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr}
@@ -152,7 +153,9 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
     group = dict(params=params, lr=lr, initial_lr=lr, kind=kind, betas=tuple(betas))
     if config.adam_kind_coptim.get(kind):
         group["coptim"] = config.adam_kind_coptim[kind]                     # record #87, CautiousAdam
-    if record is not None:
+    if kind in config.adam_kind_wd_mul:
+        group["weight_decay"] = config.adam_weight_decay * config.adam_kind_wd_mul[kind]
+    elif record is not None:
         group["weight_decay"] = config.adam_weight_decay * record.wd_mul
     return group
 

@@ -281,8 +281,13 @@ class TrainConfig:
             _check_number(f"adam_kind_lrs.{kind}", lr, 0.0, math.inf)
 
     def _check_record87_optimizer(self) -> None:
-        """``adam_kind_coptim`` (strengths in [0, 1] per Adam kind, with cautious decay), ``langevin_warmup_steps``
-        (>= 0) and ``langevin_end_frac`` (null or in (0, 1]): record #87's optimizer settings."""
+        """``adam_kind_wd_mul`` (multipliers >= 0 per Adam kind), ``adam_kind_coptim`` (strengths in [0, 1] per
+        Adam kind, with cautious decay), ``langevin_warmup_steps`` (>= 0) and ``langevin_end_frac`` (null or in
+        (0, 1]): records #83-#89's per-kind weight decay and record #87's optimizer settings."""
+        wd_mul = _kind_mapping("adam_kind_wd_mul", self.optimizer.adam_kind_wd_mul, ALL_ADAM_KINDS,
+                               "a weight-decay multiplier >= 0")
+        for kind, mul in wd_mul.items():
+            _check_number(f"adam_kind_wd_mul.{kind}", mul, 0.0, math.inf)
         coptim = _kind_mapping("adam_kind_coptim", self.optimizer.adam_kind_coptim, ALL_ADAM_KINDS,
                                "a C-Optim strength in [0, 1]")
         for kind, strength in coptim.items():
