@@ -144,8 +144,8 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
     or, for a kind of :data:`speedrun.optim.config.RECORD_ADAM_KINDS`, ``adam_kind_lrs`` or the table's lr;
     ``betas`` ``adam_kind_betas``, else the table's, else ``adam_betas``; with a table kind, ``weight_decay``
     ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default), or times the kind's
-    ``adam_kind_wd_mul`` where given (any kind); ``coptim`` the
-    kind's ``adam_kind_coptim`` strength where it is set and not 0."""
+    ``adam_kind_wd_mul`` where given (any kind); ``coptim`` the kind's ``adam_kind_coptim`` strength where it is
+    set and not 0."""
     record = RECORD_ADAM_KINDS.get(kind)
     base = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr}
     lr = config.adam_kind_lrs.get(kind, record.lr) if record is not None else base[kind]
