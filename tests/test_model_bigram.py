@@ -108,3 +108,60 @@ def test_bigram_settings_are_checked():
         build_model_config("tiny", {"bigram_sign_trick": "yes"})
     with pytest.raises(ValueError, match=">= 2"):
         bigram_hash(torch.tensor([1, 2]), 1)
+
+
+def test_a_narrow_bigram_table_fills_the_first_bigram_dim_channels_only():
+    """bigram_dim D (records #83-#88: 192 of 768): the signed D-wide row, zeros after it."""
+    torch.manual_seed(0)
+    emb = BigramEmbedding(11, 6, n_layer=3, sign_trick=True, dim=4).double()
+    assert emb.table.shape == (11, 4) and emb.signs.shape == (8192, 4)
+    with torch.no_grad():
+        emb.table.normal_()
+    tokens = torch.tensor([4, 9, 9, 2], dtype=torch.int32)
+    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([4, 9, 9], [9, 9, 2])]
+    rows = [0] + [a ^ b for a, b in zip([4, 9, 9], [9, 9, 2])]
+    out = emb(tokens)
+    assert out.shape == (4, 6) and not out[:, 4:].any()
+    torch.testing.assert_close(out[:, :4], emb.table[ids] * sign_table(8192, 4).double()[rows], rtol=0, atol=0)
+    out.pow(2).sum().backward()
+    assert emb.table.grad.shape == (11, 4) and emb.table.grad[ids].abs().sum() > 0
+    with pytest.raises(ValueError, match=r"bigram table's width must be in 1\.\.6"):
+        BigramEmbedding(11, 6, 3, True, dim=7)
+
+
+@pytest.mark.parametrize("preset", ["record88", "record89"])
+def test_a_narrow_bigram_model_equals_a_full_width_one_with_zero_columns(preset):
+    """In the records' sublayer form (record88: lambdas; record89: MUDD gates, without DC here), a model with
+    bigram_dim 8 of 24 computes the same loss and table gradient as the full-width model whose table and sign rows
+    hold its columns and zeros beyond them."""
+    small = {"vocab_size": 64, "n_layer": 11, "model_dim": 24, "n_head": 6, "head_dim": 4, "bigram_vocab_size": 37,
+             "window_block_size": 2, "rotary_positions": 64, "attention_backend": "reference",
+             "cross_entropy": "full", "rotary_kernel": "torch", "mlp_kernel": "torch", "fp8_head": False,
+             "fp8_mlp": False, "prefix_token_loss": False, "dc_layers": ()}
+    narrow_cfg = build_model_config(preset, {**small, "bigram_dim": 8})
+    full_cfg = build_model_config(preset, {**small, "bigram_dim": None})
+    torch.manual_seed(0)
+    narrow = GPT(narrow_cfg).double()
+    with torch.no_grad():
+        for p in narrow.parameters():
+            p.normal_(0, 0.1)
+    full = GPT(full_cfg).double()
+    state = dict(narrow.state_dict())
+    state["bigram.table"] = torch.cat((state["bigram.table"], torch.zeros(37, 16, dtype=torch.float64)), 1)
+    full.load_state_dict(state)
+    with torch.no_grad():
+        full.bigram.signs[:, :8] = narrow.bigram.signs
+    inputs = torch.tensor([3, 7, 1, 0, 9, 12, 3, 7, 5, 33, 2, 8, 8, 1, 39, 4])
+    cu = torch.tensor([0, 7, 16], dtype=torch.int32)
+    losses = [model(inputs, torch.roll(inputs, -1), cu) for model in (narrow, full)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(narrow.bigram.table.grad, full.bigram.table.grad[:, :8], rtol=1e-9, atol=1e-12)
+    assert narrow.bigram.table.grad.abs().sum() > 0
+
+
+def test_bigram_dim_must_fit_the_stream():
+    assert build_model_config("record88").bigram_dim == 192 and build_model_config("record89").bigram_dim is None
+    with pytest.raises(SpeedrunError, match=r"model\.bigram_dim must be null \(model_dim\) or an integer in 1\.\.64"):
+        build_model_config("tiny", {"bigram_dim": 65})

@@ -8,6 +8,11 @@ from TrainConfig's defaults (a new switch, off by default, changes no run's para
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
 ``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
+plan-fineweb.json since follows configs/fineweb-8xh100.yaml (the record89 preset and its staged schedule, issue 20),
+and was re-recorded when that config wrote the records' Adam ε as they do (adam_eps 1e-10, the default, with
+adam_eps_units micro_batch_sum): the train jobs' --config lose "adam_eps":2.03e-15 and gain
+"adam_eps_units":"micro_batch_sum", and gain "adam_kind_wd_mul":{"embed":5,"head":150,"scalar":0} (the records'
+per-kind Adam weight decay); every job, output and resource is the same.
 And once more (2026-12-03): the FineWeb fixture had recorded config.yaml's ``candidate`` override
 ``muon_lr: 0.04`` merged into configs/fineweb-8xh100.yaml's own ``candidate`` (a leak: that config sets no
 muon_lr); a --configfile's ``variants`` now replace config.yaml's (planning.replace_default_variants), and the

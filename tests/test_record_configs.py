@@ -170,7 +170,8 @@ SCHEMA = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").r
 RECORDS = {"configs/records/record89.yaml": ("record89", 1285, [0, 423, 847, 1270], 848),
            "configs/records/record88.yaml": ("record88", 1375, [0, 455, 910, 1365], 912),
            "configs/fineweb-8xh100.yaml": ("record89", 1285, [0, 423, 847, 1270], 848),
-           "configs/records/record87.yaml": ("record88", 1398, [0, 499, 943, 1387], None)}
+           "configs/records/record87.yaml": ("record87", 1398, [0, 499, 943, 1387], None),
+           "configs/records/record83.yaml": ("record83", 1385, [0, 458, 917, 1375], 918)}
 
 
 def _train(path: str) -> TrainConfig:
@@ -191,10 +192,17 @@ def test_record_config_validates_and_resolves(path):
     assert 10_485_760 % (train.evaluation.val_batch_tokens * 8) == 0
     opt = train.optimizer
     assert (opt.muon_lr, opt.muon_momentum, opt.normuon_beta2, opt.weight_decay) == (0.023, 0.95, 0.9, 1.2)
-    assert opt.cautious_weight_decay and opt.head_lr == 0.008 and opt.embed_lr == pytest.approx(0.008 * 75)
-    assert opt.adam_eps == pytest.approx(1e-10 * 8 / 393216, rel=1e-2)
+    head_lr = 0.008 * 0.95 if preset == "record87" else 0.008               # record87 L1933: lm_head lr_mul 0.95
+    assert opt.cautious_weight_decay and opt.head_lr == head_lr and opt.embed_lr == pytest.approx(0.008 * 75)
+    # param_table wd_mul (record83 L1813-1826, record87 L1928-1941): lm_head and embed 150 (our head kind), value
+    # and bigram tables 5 (embed), scalars 0 (scalar); the sublayer kinds' from RECORD_ADAM_KINDS
+    assert dict(opt.adam_kind_wd_mul) == {"head": 150, "embed": 5, "scalar": 0}
+    # the records' adam_defaults eps=1e-10 (one for every kind) on a loss summed over a micro-batch's tokens
+    assert (opt.adam_eps, opt.adam_eps_units) == (1e-10, "micro_batch_sum")
+    assert [train.adam_eps_at(s) for s in starts] == pytest.approx(
+        [1e-10 * 8 / t for t in (131072, 262144, 393216, 393216)], rel=1e-12)
     assert config["stats"]["target"] == 3.28 and len(config["variants"]["baseline"]["seeds"]) == 10
-    prefix = None if "record87" in path else 0.25                        # record #88's prefix loss from #88 on
+    prefix = None if preset in ("record83", "record87") else 0.25        # record #88's prefix loss from #88 on
     assert train.loss_weights_at(0) == ((1.0, 0.5, 0.25), prefix)
 
 
@@ -206,3 +214,101 @@ def test_parity_configs(name):
     assert [s for s, _, _ in train.batch_stages()] == [0, 35, 70, 105]       # thirds of 105, then 15
     ev = train.evaluation
     assert (ev.val_every, ev.val_tokens, ev.val_batch_tokens) == (20, 1048576, 131072)
+
+
+def test_record83_config_is_its_scripts_settings():
+    """configs/records/record83.yaml against ../shared/reference-code/record83/train_gpt.py (line numbers of it)."""
+    config, train = _train("configs/records/record83.yaml")
+    staged = train.schedule.staged_schedule
+    # L1678-1679: num_scheduled_iterations 1375, num_extension_iterations 10; L1775: cooldown_frac 0.60, untie at
+    # split_embed_stage 2 (default), made odd: 917 | 1 = 917, the first untied step 918
+    assert (staged.scheduled_steps, staged.extension_steps, staged.cooldown_frac) == (1375, 10, 0.6)
+    assert (staged.untie_stage, train.untie_step()) == (2, 918)
+    # L1763-1770: thirds; 896 -> 2048; 8, 16, 24 x 2048 x 8 tokens; windows (1, 3) (3, 7) (5, 11) (6, 13); lr_mul
+    # 1.0, 1.52, 1.73; MTP [1, .5, .25 -> 0], [1, .5 -> 0], [1]; no prefix weights (record #88 adds them)
+    assert [st.fraction for st in staged.stages] == [1 / 3, 1 / 3, 1 / 3, None]
+    assert [train.batch_at(s) for s in (0, 458, 917)] == [(131072, 896), (262144, 2048), (393216, 2048)]
+    assert [train.window_blocks_at(s) for s in (0, 458, 917, 1375, 1385)] == [(1, 3), (3, 7), (5, 11), (6, 13),
+                                                                              (6, 20)]
+    assert [st.lr_mul for st in staged.stages[:3]] == [1.0, 1.52, 1.73]
+    mtp, prefix = train.loss_weights_at(457)
+    assert mtp == pytest.approx((1.0, 0.5, 0.0), abs=1e-3) and prefix is None
+    assert train.loss_weights_at(917) == ((1.0,), None)
+    # L1758: the cooldown's floor 0.15 during the extension
+    assert staged.lr_factor(1380) == pytest.approx(0.15)
+    # L1850-1852 adam_defaults lr 0.008, eps 1e-10, wd 0.005; L1856-1859 normuon lr 0.023, momentum 0.95, beta2 0.9,
+    # wd 1.2; L1813/L1818/L1819/L1825: scalars lr x 5, lm_head x 1, bigram and value tables x 75
+    opt = train.optimizer
+    assert (opt.muon_lr, opt.muon_momentum, opt.normuon_beta2, opt.weight_decay) == (0.023, 0.95, 0.9, 1.2)
+    assert (opt.head_lr, opt.embed_lr, opt.scalar_lr) == pytest.approx((0.008, 0.008 * 75, 0.008 * 5))
+    assert (opt.adam_eps, opt.adam_weight_decay, opt.cautious_weight_decay) == (1e-10, 0.005, True)
+    assert dict(opt.adam_kind_betas) == {"head": (0.5, 0.95), "embed": (0.75, 0.95), "scalar": (0.9, 0.99)}
+    assert opt.langevin_noise == 0 and dict(opt.adam_kind_coptim) == {}            # both arrive with record #87
+    # L1674, L1676, L1686: val_tokens 10,485,760 in batches of 4 x 64 x 1024 x 8, every 250 steps
+    ev = train.evaluation
+    assert (ev.val_tokens, ev.val_batch_tokens * train.world_size, ev.val_every) == (10485760, 2097152, 250)
+    model = train.model_config()
+    assert model.paired_head_layers == (0, 2, 5, 9) and not (model.fp8_attention or model.fp8_mlp)
+    assert (model.bigram_vocab_size, model.bigram_dim) == (50304 * 15, 192)         # L1690-1691
+
+
+def test_record87_config_is_its_scripts_settings():
+    """configs/records/record87.yaml against ../shared/reference-code/record87/train_gpt.py (line numbers of it)."""
+    from speedrun.optim.langevin import langevin_sigma
+
+    config, train = _train("configs/records/record87.yaml")
+    staged = train.schedule.staged_schedule
+    # L1771-1772: 1387 + 11 steps; L1868: cooldown 0.60, split_embed_stage None (never untied)
+    assert (staged.scheduled_steps, staged.extension_steps, staged.cooldown_frac) == (1387, 11, 0.6)
+    assert staged.untie_stage is None and train.untie_step() is None
+    # L1856-1863: stages of 0.36 / 0.32 / 0.32: round(0.36 x 1387) = 499, round(0.68 x 1387) = 943
+    assert [st.fraction for st in staged.stages] == [0.36, 0.32, 0.32, None]
+    assert [train.batch_at(s) for s in (498, 499, 942, 943)] == [(131072, 896), (262144, 2048), (262144, 2048),
+                                                                 (393216, 2048)]
+    assert [train.window_blocks_at(s) for s in (0, 499, 943, 1387, 1398)] == [(1, 3), (3, 7), (5, 11), (6, 13),
+                                                                              (6, 20)]
+    assert train.loss_weights_at(0) == ((1.0, 0.5, 0.25), None)
+    # L1965-1967 adam lr 0.008, eps 1e-10, wd 0.005; L1971-1974 normuon 0.023, 0.95, 0.9, 1.2
+    opt = train.optimizer
+    assert (opt.muon_lr, opt.muon_momentum, opt.normuon_beta2, opt.weight_decay) == (0.023, 0.95, 0.9, 1.2)
+    assert (opt.adam_eps, opt.adam_eps_units, opt.adam_weight_decay) == (1e-10, "micro_batch_sum", 0.005)
+    # L1933: lm_head lr_mul 0.95 (the embedding is tied to it throughout); L1934, L1940: the bigram and value
+    # tables x 75 with adam_coptim 0.5; L1928: scalars x 5
+    assert (opt.head_lr, opt.embed_lr, opt.scalar_lr) == pytest.approx((0.008 * 0.95, 0.008 * 75, 0.008 * 5))
+    assert dict(opt.adam_kind_coptim) == {"embed": 0.5} and opt.cautious_weight_decay
+    # L1890-1892: noise 0.10, warm-up 50 steps, zero from int(0.25 x 1387) = 346 on; its get_normuon_noise_scale
+    assert (opt.langevin_noise, opt.langevin_warmup_steps, opt.langevin_end_frac) == (0.1, 50, 0.25)
+    sched = train.schedule_config()
+    assert sched.langevin_end_step == 346
+
+    def record(step):                                                     # its get_normuon_noise_scale, L1894-1905
+        end = int(1387 * 0.25)
+        if step >= end:
+            return 0.0
+        sigma = 0.10 * (step / 50 if step < 50 else 1.0)
+        return sigma * max(0.0, (end - step) / end)
+
+    for step in (0, 1, 25, 49, 50, 51, 200, 345, 346, 347, 1000, 1398):
+        ours = langevin_sigma(step, sched.steps, sched.cooldown_frac, opt.langevin_noise,
+                              warmup_steps=sched.langevin_warmup_steps, end_step=sched.langevin_end_step)
+        assert ours == pytest.approx(record(step), abs=1e-15), step
+    model = train.model_config()
+    assert (model.paired_head_layers, model.fp8_attention, model.fp8_attention_scales) == ((0, 5), True, "unit")
+    assert (model.bigram_vocab_size, model.bigram_dim, model.prefix_token_loss) == (50304 * 15, 192, False)
+
+
+def test_every_record_script_has_one_adam_eps():
+    """The records' Adam ε is one value for every parameter kind and stage (their adam_defaults; no per-entry
+    eps in any param_table), so one adam_eps setting maps it (with adam_eps_units for the stages' batches)."""
+    import re
+
+    found = [up / "shared" / "reference-code" for up in ROOT.parents[:2] if (up / "shared" / "reference-code").is_dir()]
+    if not found:
+        pytest.skip("../shared/reference-code is not here")
+    scripts = found[0]
+    for record in ("record83", "record87", "record88", "head"):
+        text = (scripts / record / "train_gpt.py").read_text()
+        table = text[text.index("self.param_table = {"):text.index("self.work_order")]
+        assert '"eps"' not in table and "eps=" not in table, record
+        assert re.findall(r"adam_defaults = dict\(\s*lr=0\.008,\s*eps=([0-9e.-]+),", text) == ["1e-10"], record
+        assert text.count('eps=self.adam_defaults["eps"]') == 1, record

@@ -57,7 +57,8 @@ def dc_module():
 
 
 def tiny(preset: str, **overrides) -> GPTConfig:
-    return dataclasses.replace(PRESETS[preset], **{**TINY, **overrides})
+    narrow = {"bigram_dim": 12} if PRESETS[preset].bigram_dim else {}        # record88's 192 of 768: half here
+    return dataclasses.replace(PRESETS[preset], **{**TINY, **narrow, **overrides})
 
 
 def randomized(config: GPTConfig, seed: int = 0) -> GPT:
@@ -298,7 +299,7 @@ def test_record88_parameter_count_by_hand():
     C, V, H = 768, 50304, 6
     attention = 10 * (4 * C * C + 2 + H * 12) + 4 * H * 12 + 6 * H           # qkvo, sa λ, gates, VE gates, XSA
     mlp = 11 * 2 * 4 * C * C
-    embeddings = 2 * V * C + 5 * V * C + 50304 * 15 // 2 * C                 # embed, head, VE, bigram
+    embeddings = 2 * V * C + 5 * V * C + 50304 * 15 * 192                    # embed, head, VE, bigram (L1746-7)
     misc = 12 + 1 + 11 + 1 + 12 + 11 * 2 * 2 + 11                            # smear, bigram λ, skip λ+gate, res
     mudd = 2 * 64 * C + 64 * (14 + 5) + 14 + 5
     assert sum(p.numel() for p in model.parameters()) == attention + mlp + embeddings + misc + mudd

@@ -187,7 +187,7 @@ def test_a_schema_error_is_one_line_naming_the_files_the_key_and_the_way_to_writ
               "a string; write it as 4.6)"),
              ({"train": {**config["train"], "preset": "gpt2"}},
               "a.yaml: train.preset: 'gpt2' is not one of ['tiny', 'gpt124m', 'record28', 'record88', "
-              "'record89', 'record12', 'record31']"),
+              "'record89', 'record83', 'record87', 'record12', 'record31']"),
              ({"zoom": 1}, "a.yaml: (the top level): Additional properties are not allowed ('zoom' was unexpected)")]
     for change, message in cases:
         with pytest.raises(jsonschema.ValidationError) as caught:
@@ -281,7 +281,7 @@ def test_a_model_short_window_longer_than_the_long_one_is_refused():
 
 def test_an_unknown_preset_names_the_key_preset():
     with pytest.raises(SpeedrunError, match=r"^train\.preset must be one of tiny, gpt124m, record28, record88, "
-                                            r"record89, record12, record31; got 'tinny'$"):
+                                            r"record89, record83, record87, record12, record31; got 'tinny'$"):
         TrainConfig.from_dict({"preset": "tinny"})
 
 

@@ -15,7 +15,12 @@ The result enters the residual stream with a learned per-layer gate from 0.05 (r
 ``x = x0 + g_0·bigram`` at the start, and ``x += g_i·bigram`` after the attention sublayer of each layer
 i >= 1 (:class:`BigramEmbedding`). The record's table is zero-initialized, so a fresh model ignores it.
 
-Shape legend: T tokens, C model_dim, V_b bigram_vocab_size.
+The table may be narrower than the stream (``GPTConfig.bigram_dim`` D < C, records #83-#88: 754,560 rows of
+192, added to the first 192 channels; HEAD: 377,280 rows of 768): its rows, and the sign rows, are D wide, and
+:meth:`BigramEmbedding.forward` returns them padded with zeros to C, so every injection ``x += g·bigram`` adds
+to channels 0..D-1 only, as the records' ``x[..., :bigram_dim] += ...``.
+
+Shape legend: T tokens, C model_dim, D the table's width (C unless narrower), V_b bigram_vocab_size.
 """
 
 from __future__ import annotations
@@ -70,26 +75,33 @@ def sign_table(rows: int, dim: int, seed: int = SIGN_TABLE_SEED) -> torch.Tensor
 class BigramEmbedding(nn.Module):
     """The bigram hash embedding and its per-layer gates. ``forward(inputs)`` (T,) int -> (T, C).
 
-    Parameters: ``table`` (V_b, C) zero-initialized (an ``embed``-kind Adam parameter, spec 3.3); ``gates``
+    Parameters: ``table`` (V_b, D) zero-initialized (an ``embed``-kind Adam parameter, spec 3.3); ``gates``
     (n_layer,) from 0.05 (``scalar`` kind; None with ``gates`` False, when HEAD's MUDD gates give them, record
-    #85). Buffer (not a parameter): ``signs`` (8192, C) ±1 with
-    ``sign_trick``, built from :data:`SIGN_TABLE_SEED` and not saved in checkpoints.
+    #85). Buffer (not a parameter): ``signs`` (8192, D) ±1 with
+    ``sign_trick``, built from :data:`SIGN_TABLE_SEED` and not saved in checkpoints. ``dim``: D, None for
+    ``model_dim``; 1 <= D <= model_dim (``ValueError`` otherwise). ``forward`` returns (T, C), the columns from D
+    on zero (see the module docstring).
     """
 
-    def __init__(self, bigram_vocab_size: int, model_dim: int, n_layer: int, sign_trick: bool, gates: bool = True):
+    def __init__(self, bigram_vocab_size: int, model_dim: int, n_layer: int, sign_trick: bool, gates: bool = True,
+                 dim: int | None = None):
         super().__init__()
-        self.bigram_vocab_size = bigram_vocab_size
-        self.table = nn.Parameter(torch.zeros(bigram_vocab_size, model_dim))
+        dim = model_dim if dim is None else dim
+        if not 1 <= dim <= model_dim:
+            raise ValueError(f"the bigram table's width must be in 1..{model_dim} (model_dim), got {dim}")
+        self.bigram_vocab_size, self.model_dim = bigram_vocab_size, model_dim
+        self.table = nn.Parameter(torch.zeros(bigram_vocab_size, dim))
         self.gates = nn.Parameter(torch.full((n_layer,), BIGRAM_GATE_INIT)) if gates else None
         self.sign_trick = sign_trick
         if sign_trick:
-            self.register_buffer("signs", sign_table(SIGN_TABLE_ROWS, model_dim), persistent=False)
+            self.register_buffer("signs", sign_table(SIGN_TABLE_ROWS, dim), persistent=False)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(bigram_hash(inputs, self.bigram_vocab_size), self.table)       # (T, C)
+        rows = F.embedding(bigram_hash(inputs, self.bigram_vocab_size), self.table)       # (T, D)
         if self.sign_trick:
             rows = rows * self.signs[sign_rows(inputs, self.signs.size(0))].type_as(rows)
-        return rows
+        width = self.table.size(1)
+        return rows if width == self.model_dim else F.pad(rows, (0, self.model_dim - width))   # (T, C)
 
     def per_layer(self, inputs: torch.Tensor) -> list[torch.Tensor]:
         """For each layer i, ``gates[i] · forward(inputs)`` (T, C): layer 0's is added to the residual stream

@@ -26,7 +26,7 @@ from speedrun.kernels import optional_kernel
 from speedrun.model import flash
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
-from speedrun.model.fp8 import FP8Linear, FP8WeightCache, fp8_linear
+from speedrun.model.fp8 import UNIT_SCALES, FP8Linear, FP8WeightCache, fp8_linear
 from speedrun.model.gates import AttentionGate, ValueEmbedGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
@@ -77,7 +77,9 @@ class CausalSelfAttention(nn.Module):
     Attention runs in the dtype of the projections (bf16 under autocast, so that flash kernels apply). With
     ``fp8_attention``, ``qkv_fp8`` caches the stacked QKV weight's FP8 operands (one dynamic scale for the
     three; :class:`speedrun.model.fp8.FP8WeightCache`, filled by :meth:`quantize_weight_`, used only while
-    switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None.
+    switched on) and ``o`` has its own cache; else ``qkv_fp8`` is None. With ``config.fp8_attention_scales``
+    ``"unit"`` (record #87's form) both FP8 products instead cast their operands at scale 1 at every call, the
+    weights first multiplied by ``sa_lambdas`` and cast to bf16 (:meth:`_unit_fp8`), and nothing is cached.
 
     Partial key offset (record #49): with ``config.key_offset`` on a long-window (``L``) layer that is not
     paired (attribute ``key_offset`` True), the keys' stationary dims move one position forward after
@@ -104,11 +106,12 @@ class CausalSelfAttention(nn.Module):
         self.key_offset = (config.key_offset and not self.paired
                            and config.window_pattern[layer:layer + 1] == "L")              # record #49
         fp8 = config.fp8_attention
+        self.fp8_unit = fp8 and config.fp8_attention_scales == "unit"                       # record #87
         self.q = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)   # stacked in _qkv
         self.k = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)
         self.v = FP8Linear(config.model_dim, config.attn_dim, fp8=fp8, weight_cache=False)
-        self.o = FP8Linear(config.attn_dim, config.model_dim, fp8=fp8)
-        self.qkv_fp8 = FP8WeightCache() if fp8 else None
+        self.o = FP8Linear(config.attn_dim, config.model_dim, fp8=fp8, weight_cache=not self.fp8_unit)
+        self.qkv_fp8 = FP8WeightCache() if fp8 and not self.fp8_unit else None
         for linear in (self.q, self.k, self.v):
             init_input_(linear.weight)
         init_output_(self.o.weight)
@@ -146,9 +149,13 @@ class CausalSelfAttention(nn.Module):
         (:meth:`mix_values`, gated with ``ve_gate``). Keyword-only, from HEAD's MUDD gates: xsa_alpha (T, H)
         XSA strengths (on an XSA layer), gate (T, H) a linear output gate, dc_weights (w1, w2) (T, H) each
         (on a DC layer, ``ValueError`` without them). Returns (T, C)."""
-        qkv = self._qkv(x)
-        if self.sa_lambdas is not None:
-            qkv = self.sa_lambdas[0].type_as(qkv) * qkv
+        unit = self.fp8_unit and self.training
+        if unit:
+            qkv = self._unit_fp8(x, self._qkv_weight(), 0)
+        else:
+            qkv = self._qkv(x)
+            if self.sa_lambdas is not None:
+                qkv = self.sa_lambdas[0].type_as(qkv) * qkv
         q, k, v = qkv.view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)            # (T, H, Dh) each
         v = self.mix_values(v, value_embed, x)
         if self.paired:
@@ -165,8 +172,18 @@ class CausalSelfAttention(nn.Module):
             y = y * gate.type_as(y).unsqueeze(-1)                                        # (T, H, 1)
         elif self.gate is not None:
             y = y * self.gate(x).type_as(y)
+        if unit:
+            return self._unit_fp8(y.reshape(x.size(0), -1), self.o.weight, 1)
         out = self.o(y.reshape(x.size(0), -1))                                          # (T, C)
         return out if self.sa_lambdas is None else self.sa_lambdas[1].type_as(out) * out
+
+    def _unit_fp8(self, x: torch.Tensor, weight: torch.Tensor, lam: int) -> torch.Tensor:
+        """Record #87's FP8 product (``config.fp8_attention_scales`` "unit"): x (T, K) and ``sa_lambdas[lam]
+        · weight`` (N, K) (the weight alone without ``sa_lambdas``), each cast to bf16 and then to e4m3 at scale
+        1, multiplied on the FP8 path; bf16 backward. Returns (T, N) bf16."""
+        if self.sa_lambdas is not None:
+            weight = self.sa_lambdas[lam] * weight
+        return fp8_linear(x.to(torch.bfloat16), weight.to(torch.bfloat16), UNIT_SCALES)
 
     def _after_kernel(self, y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       context: AttentionContext, xsa_alpha: torch.Tensor | None,

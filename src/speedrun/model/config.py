@@ -9,7 +9,8 @@ shifted-sigmoid softcap (#54), the bigram hash embedding with the sign trick (#6
 (#45, #55), the value-embedding gates (#55, #70), the attention output gate (#28), paired-head attention
 (#58), FP8 head (#19) and QKV/O projections (2026-06-11), the partial key offset (#49) and backout (#40).
 The ``record28`` preset is the 2025-08-23 SparseAttnGate record; ``record88`` record #88's architecture (the
-per-sublayer residual form, MUDD #81, XSA #82) and ``record89`` HEAD's (with the MUDD gates and DC, #85, #86).
+per-sublayer residual form, MUDD #81, XSA #82) and ``record89`` HEAD's (with the MUDD gates and DC, #85, #86);
+``record83`` and ``record87`` the architectures of those records' own scripts (the seed experiment).
 Modes are ``Literal`` types.
 """
 
@@ -29,6 +30,8 @@ SoftcapKind = Literal["tanh", "shifted_sigmoid"]
 SkipMode = Literal["none", "unet", "gated"]
 ResidualForm = Literal["block", "sublayer"]
 XsaForm = Literal["normalized", "projection"]
+Fp8AttentionScales = Literal["dynamic", "unit"]
+FP8_ATTENTION_SCALES: tuple[str, ...] = get_args(Fp8AttentionScales)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
@@ -104,6 +107,10 @@ class GPTConfig:
             #51, #53).
         bigram_vocab_size: 0 (off) or V_b >= 2 rows of the bigram hash embedding (records #62, #68, #71;
             HEAD 50304*15//2 = 377,280), see :mod:`speedrun.model.bigram`.
+        bigram_dim: None (the table is model_dim wide: HEAD, 377,280 x 768) or D in 1..model_dim: the bigram
+            table's rows are D wide and enter the first D channels of the residual stream only (records #83-#88:
+            ``bigram_dim`` 192 with 50304·15 = 754,560 rows, their ``x[..., :bigram_dim] += ...``); see
+            :mod:`speedrun.model.bigram`. Ignored when bigram_vocab_size is 0.
         bigram_sign_trick: multiply each bigram row by a fixed random ±1 row (record #83); ignored when
             bigram_vocab_size is 0 (as skip_from/skip_to are unless skip_connections is gated).
         skip_connections: ``"none"``, ``"unet"`` (record #11: the first n_layer//2 layers' outputs enter the
@@ -169,6 +176,16 @@ class GPTConfig:
         dc_window: the keys each DC query mixes over (HEAD 112), >= 1.
         fp8_attention: the training forward of the q, k, v and o projections in FP8 (2026-06-11 record;
             :mod:`speedrun.model.fp8`).
+        fp8_attention_scales: how ``fp8_attention`` scales its operands: ``"dynamic"`` (amax/448 per tensor,
+            the weight cached once per step; :data:`speedrun.model.fp8.DYNAMIC_SCALES`) or ``"unit"``, record
+            #87's own (2026-06-11 RecursiveFromBest, its ``FP8LinearFunction``): x and the weight cast to e4m3
+            as they are, scale 1 (:data:`speedrun.model.fp8.UNIT_SCALES`; weights below 2^-6, e4m3's smallest
+            normal, fall on its subnormal grid of spacing 2^-9: at a weight std of 0.02 the mean relative error
+            is about 1.5 times a dynamic scale's, at 0.01 about 3 times), the weight
+            multiplied first by ``sa_lambdas`` (the record pre-multiplies them, which a unit scale does not
+            commute with) and cast to bf16 as the record's ``type_as(x)``, quantized at every call (no cache);
+            backward in bf16 either way. Values beyond 448 saturate here (the record's cast would give NaN).
+            ``"unit"`` needs ``fp8_attention``.
         fp8_head: the training forward of the LM head in FP8 (record #19).
         fp8_mlp: the training forward of the MLP's up projection (record #84) and down projection (#89) in
             FP8, backward in bf16 as in the records. With ``mlp_kernel: torch`` both scales are dynamic
@@ -258,6 +275,7 @@ class GPTConfig:
     smear: bool = False
     tie_embed_head: bool = False
     bigram_vocab_size: int = 0
+    bigram_dim: int | None = None
     bigram_sign_trick: bool = False
     skip_connections: SkipMode = "none"
     skip_from: int = 3
@@ -283,6 +301,7 @@ class GPTConfig:
     dc_layers: tuple[int, ...] = ()
     dc_window: int = 112
     fp8_attention: bool = False
+    fp8_attention_scales: Fp8AttentionScales = "dynamic"
     fp8_head: bool = False
     fp8_mlp: bool = False
     fp8_mlp_down: bool = True
@@ -322,6 +341,7 @@ class GPTConfig:
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         _check_mode("residual_form", self.residual_form, RESIDUAL_FORMS)
         _check_mode("xsa_form", self.xsa_form, XSA_FORMS)
+        _check_mode("fp8_attention_scales", self.fp8_attention_scales, FP8_ATTENTION_SCALES)
         for name in ("x0_lambdas", "smear", "tie_embed_head", "bigram_sign_trick", "fp8_attention", "fp8_head",
                      "fp8_mlp", "value_lambdas", "value_embed_gates", "x0_with_bigram", "skip_gate", "sa_lambdas",
                      "mudd", "mudd_gates", "fp8_mlp_down"):
@@ -339,6 +359,9 @@ class GPTConfig:
         self._check_sublayer_form()
         self._check_mudd()
         self._check_record12_31_switches()
+        if self.fp8_attention_scales == "unit" and not self.fp8_attention:
+            raise SpeedrunError("model.fp8_attention_scales unit (record #87) scales the FP8 q/k/v and o "
+                                "projections: it needs model.fp8_attention true")
 
     def _check_sublayer_form(self) -> None:
         """The switches of records #77-#88 (see the field docs)."""
@@ -483,6 +506,10 @@ class GPTConfig:
                                 f"embedding; model_dim is {self.model_dim}, n_head*head_dim {self.attn_dim}")
         if self.smear and self.model_dim < GATE_CHANNELS:
             raise SpeedrunError(f"model.smear reads {GATE_CHANNELS} channels; model_dim is {self.model_dim}")
+        dim = self.bigram_dim
+        if dim is not None and not (_is_int(dim) and 1 <= dim <= self.model_dim):
+            raise SpeedrunError(f"model.bigram_dim must be null (model_dim) or an integer in 1..{self.model_dim} "
+                                f"(model_dim), got {dim!r}")
         if not _is_int(self.bigram_vocab_size) or self.bigram_vocab_size < 0 or self.bigram_vocab_size == 1:
             raise SpeedrunError(f"model.bigram_vocab_size must be 0 (off) or an integer >= 2, got "
                                 f"{self.bigram_vocab_size!r}")
@@ -635,13 +662,15 @@ PRESETS: dict[str, GPTConfig] = {
     # #87; the down product in bf16: fp8_mlp_down false); the record's attention products are bf16. The prefix-
     # token loss (#88) builds its table here; its weight and the multi-token weights (#53) are per-step schedule
     # values (speedrun.optim.stages). Attention: the fastest installed backend (auto: FlashAttention 3, as the
-    # records since #29, where it is installed).
+    # records since #29, where it is installed). Its bigram table (record88 L1746-1747, as #83's and #87's) has
+    # 50304·15 = 754,560 rows of 192 channels, added to the stream's first 192 (bigram_dim; HEAD's is 377,280 x
+    # 768; until 2026-12-03 this preset had HEAD's table).
     "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.1, yarn=True,
                           window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
                           logit_softcap=23.0, softcap_kind="shifted_sigmoid", resid_lambda_init=1.1,
                           value_embed_layers=(1, 2, 8, 9, 10), value_embed_gates=True, smear=True,
-                          tie_embed_head=True, bigram_vocab_size=50304 * 15 // 2, bigram_sign_trick=True,
+                          tie_embed_head=True, bigram_vocab_size=50304 * 15, bigram_dim=192, bigram_sign_trick=True,
                           skip_connections="gated", skip_from=3, skip_to=6, skip_gate=True,
                           attention_free_layers=(6,), attention_gate_layers=(0, 1, 2, 3, 4, 5, 7, 8, 9, 10),
                           paired_head_layers=(0, 2, 5, 9), key_offset=True, fp8_head=True,
@@ -658,11 +687,39 @@ PRESETS: dict[str, GPTConfig] = {
 # linear attention gates on layers 3 and 10 only (from 0.25), the x0/bigram injection gates (instead of the
 # lambdas) and the 3 -> 6 skip's gate (from 0.5, instead of the σ(W·x0) gate); lightweight DC on layer 10 over 112
 # keys (#85, speedrun.model.dc); x0 without layer 0's bigram injection (HEAD clones it); the MLP's down projection
-# in FP8 too, with its delayed input scale (#89).
+# in FP8 too, with its delayed input scale (#89); the bigram table 377,280 x 768, all channels (head L1902-1903).
 PRESETS["record89"] = dataclasses.replace(
-    PRESETS["record88"], x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
+    PRESETS["record88"], bigram_vocab_size=50304 * 15 // 2, bigram_dim=None,
+    x0_with_bigram=False, skip_gate=False, xsa_layers=(1, 3, 4, 7), xsa_form="projection",
     attention_gate_layers=(3, 10), mudd_gates=True, mudd_gate_layer=4, dc_layers=(10,), dc_window=112,
     fp8_mlp_down=True)
+
+# Record #83 (2026-05-20 BigramsSignTrick as record #87's PR re-ran it, "baseline_pr299"; its train_gpt.py in
+# shared/reference-code/record83), against record #88's script (reference-code/record88, the record88 preset
+# above), the two scripts' GPT classes line by line: the same shape and switches (sublayer form, MUDD, XSA on
+# 1, 3, 4, 7, 8, 10 in the normalized form, gates, value embeddings, bigram table with the sign trick, the 3 -> 6
+# skip with its σ(W·x0) gate, paired heads 0, 2, 5, 9, saved activation 7, key offset, FP8 head, tied embedding
+# and head), but:
+#   no prefix-token loss (#88 adds build_prefix_table and its loss term): prefix_token_loss false;
+#   the MLP up-projection in bf16 (#88 adds quantize_mlp_fp8 and the kernel's FP8 operands): fp8_mlp false.
+#   Its fused ReLU² kernel (triton_kernels.py) saves pre and post for the backward, #87's only post (relu(pre)
+#   rebuilt as sqrt(post), ours): the same products, bf16 rounding apart in the backward's relu(pre). NOT mapped
+#   (a kernel's storage, not a model switch).
+#   Multi-token prediction (#53) and its weights per stage: the staged schedule's (record_schedule("record83")).
+PRESETS["record83"] = dataclasses.replace(PRESETS["record88"], prefix_token_loss=False, fp8_mlp=False,
+                                          fp8_mlp_down=True)
+# Record #87 (2026-06-11 RecursiveFromBest, "this_pr", the seed record; reference-code/record87) against record
+# #83's script, the GPT classes line by line:
+#   paired-head attention on layers 0 and 5 only (#83: 0, 2, 5, 9): paired_head_layers (0, 5);
+#   the q/k/v and o products in FP8 in training (its FP8LinearFunction: operands cast to e4m3 at scale 1, the
+#   weights pre-multiplied by sa_lambdas and cast to bf16, backward in bf16; evaluation bf16): fp8_attention
+#   with fp8_attention_scales "unit";
+#   its fused ReLU² kernel keeps only post (ours, mlp_kernel triton); the MLP in bf16 (fp8_mlp false).
+#   Everything else as #83. Its optimizer changes (NorMuon Langevin noise, C-Optim Adam on the value and bigram
+#   tables, lm_head lr x 0.95, never untied, the lazy final embed.grad.T add) are training settings
+#   (configs/records/record87.yaml says which are mapped).
+PRESETS["record87"] = dataclasses.replace(PRESETS["record83"], paired_head_layers=(0, 5), fp8_attention=True,
+                                          fp8_attention_scales="unit")
 
 # Record #12, 2024-11-19 FlexAttention (../shared/reference-logs/2024-11-19_FlexAttention, its train_gpt.py;
 # 1875 steps, val_loss 3.2783). Each element against ours:

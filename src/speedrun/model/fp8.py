@@ -5,10 +5,12 @@ The public speedrun runs the LM head in FP8 since record #19 and the QKV and O p
 per-tensor scale, multiplied on the FP8 tensor cores (about 1.8x the bf16 rate on an H200: 1,490 against
 810 TFLOP/s measured here) and the product comes back in bf16. Evaluation stays bf16.
 
-Two scale policies (:class:`FP8Scales`):
+Three scale policies (:class:`FP8Scales`):
 
 * dynamic (the QKV/O projections here): scale = amax(|t|) / 448 per call, for the activation and the weight,
   so nothing overflows whatever the training phase; the backward pass stays bf16 (as the record's QKV/O).
+* unit (:data:`UNIT_SCALES`, record #87's QKV/O, ``GPTConfig.fp8_attention_scales``): scale 1 for both
+  operands, the record's plain ``.to(float8_e4m3fn)`` casts; bf16 backward.
 * the head's (:data:`HEAD_SCALES`, records #19, #51, #67; speedrun-spec.md 2.5): fixed scales, x / (100/448)
   (x is RMS-normalized, so |x| <= sqrt(model_dim) stays far inside e4m3's range) and W / (1.6/448), and an
   FP8 backward: the output gradient in e5m2 (5 exponent bits) for both gradient products. The record fixes
@@ -55,6 +57,9 @@ class FP8Scales:
 
 
 DYNAMIC_SCALES = FP8Scales()
+# record #87's FP8 q/k/v and o (2026-06-11 RecursiveFromBest, its FP8LinearFunction): both operands cast to
+# e4m3 as they are, bf16 backward (GPTConfig.fp8_attention_scales "unit")
+UNIT_SCALES = FP8Scales(x=1.0, weight=1.0)
 HEAD_SCALES = FP8Scales(x=100.0 / E4M3_MAX, weight=1.6 / E4M3_MAX, backward=True)
 
 

@@ -122,7 +122,8 @@ class GPT(nn.Module):
             self.smear = Smear(config.model_dim)
         if config.bigram_vocab_size:
             self.bigram = BigramEmbedding(config.bigram_vocab_size, config.model_dim, config.n_layer,
-                                          config.bigram_sign_trick, gates=not config.mudd_gates)
+                                          config.bigram_sign_trick, gates=not config.mudd_gates,
+                                          dim=config.bigram_dim)
         if config.skip_connections == "unet":
             self.skips = UNetSkips(config.n_layer)
         elif config.skip_connections == "gated":

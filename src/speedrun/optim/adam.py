@@ -23,15 +23,29 @@ def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, floa
                              fused=fused)
 
 
+def set_adam_eps(optimizers: Iterable[torch.optim.Optimizer], eps: float) -> None:
+    """Set ε to ``eps`` in every parameter group of the Adam optimizers among ``optimizers`` (``AdamW`` and
+    :class:`CautiousAdam`; others untouched), for the next step: both read their group's ``eps`` at every step
+    (``OptimConfig.adam_eps_units`` micro_batch_sum: the records' ε per stage)."""
+    for optimizer in optimizers:
+        if isinstance(optimizer, (torch.optim.AdamW, CautiousAdam)):
+            for group in optimizer.param_groups:
+                group["eps"] = eps
+
+
 class CautiousAdam(PerParameterOptimizer):
     """Adam with cautious weight decay (record #50; speedrun-spec.md 3.3), fp32 state. At step t (from 1):
 
         m <- β1·m + (1-β1)·g;  v <- β2·v + (1-β2)·g²
         u  = m / (sqrt(v) + eps)
+        u <- (1 - s)·u + s·u·k / max(mean(k), 1e-3),  k = [u·g > 0]    (only in a group with ``coptim`` s > 0)
         p <- p - η²·λ·p·[u·p > 0] - η·sqrt(1-β2^t)/(1-β1^t) · u
 
-    The decay (∝ η², the scheduled lr squared) applies only where the step also moves p towards zero.
-    Parameters of any shape; ``lr`` per group. Raises ``ValueError`` on an invalid hyperparameter.
+    The decay (∝ η², the scheduled lr squared) applies only where the step also moves p towards zero. The
+    third line is C-Optim's sign-agreement mask (record #87, 2026-06-11 RecursiveFromBest, strength 0.5 on its
+    value-embedding and bigram tables): the coordinates whose step disagrees with the gradient's sign are damped,
+    the others scaled up by 1/mean(k), the mean over the whole tensor. Parameters of any shape; ``lr``, ``eps``
+    and ``coptim`` (default 0) per group. Raises ``ValueError`` on an invalid hyperparameter.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.008, betas: tuple[float, float] = (0.9, 0.95),
@@ -54,6 +68,10 @@ class CautiousAdam(PerParameterOptimizer):
         m.lerp_(grad, 1.0 - beta1)
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         update = m / (v.sqrt() + group["eps"])
+        strength = group.get("coptim", 0.0)
+        if strength:
+            keep = ((update * grad) > 0).float()                  # C-Optim (record #87): agreeing coordinates
+            update = update * ((1.0 - strength) + strength * keep / keep.mean().clamp_min(1e-3))
         lr, t = group["lr"], state["step"]
         if group["weight_decay"]:
             mask = (update * p.float()) > 0                       # strictly: record #50

@@ -12,6 +12,8 @@ Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
 MomentumForm = Literal["ema", "sgd"]
 MOMENTUM_FORMS: tuple[str, ...] = get_args(MomentumForm)
+AdamEpsUnits = Literal["mean_loss", "micro_batch_sum"]
+ADAM_EPS_UNITS: tuple[str, ...] = get_args(AdamEpsUnits)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,15 @@ class OptimConfig:
     1e-10 on a loss summed over each rank's micro-batches and averaged over the ranks: on W GPUs of its
     393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation steps, as
     the one-H200 race; 2.03e-15 on its 8 GPUs)."""
+    adam_eps_units: AdamEpsUnits = "mean_loss"
+    """What ``adam_eps`` is measured against. ``"mean_loss"``: the gradient of our loss, the mean over the step's
+    tokens; ``adam_eps`` is Adam's ε at every step. ``"micro_batch_sum"``: the records' gradient, of their loss
+    summed over one micro-batch's tokens (records #83-#89 and HEAD: ``loss.sum() * grad_scale``, 1/8 of 8
+    micro-batches on 8 GPUs or on one; ``adam_eps`` then takes their 1e-10 as written): the training loop sets
+    Adam's ε at step s to ``adam_eps · micro_batches / tokens_per_step(s)`` (:meth:`speedrun.training.config.
+    TrainConfig.adam_eps_at`), so one value covers every stage of a batch-size schedule (1e-10 is 6.1e-15 on
+    131,072-token steps, 3.05e-15 on 262,144, 2.03e-15 on 393,216 of 8 micro-batches). Every Adam group of
+    those records has the same ε (their ``adam_defaults``; no per-kind ε), as here."""
     adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Adam kind (:data:`ADAM_KINDS`) -> its group's (β1, β2), in place of ``adam_betas``; empty:
     ``adam_betas`` everywhere. The current record (speedrun-spec.md 3.3, its per-parameter table) maps to
@@ -72,6 +83,19 @@ class OptimConfig:
     (0.5, 0.95) (ours, while tied and after the untie step, is of kind ``head``; untied from the start it is of
     kind ``embed`` and gets the value and bigram tables' (0.75, 0.95)); its resid and post lambdas have (0.9,
     0.95), ours share the scalar group."""
+    adam_kind_wd_mul: Mapping[str, float] = field(default_factory=dict)
+    """Adam kind (:data:`ALL_ADAM_KINDS`) -> weight-decay multiplier >= 0: the group's decay is ``adam_weight_decay``
+    times it, in place of :data:`RECORD_ADAM_KINDS`' ``wd_mul`` (and of 1 for ``embed``, ``head``, ``scalar``).
+    Records #83-#89's param_table: lm_head and embed 150 (our ``head``: the head and the tied or untied token
+    embedding), value and bigram tables 5 (``embed``), scalars 0 (``scalar``)."""
+    adam_kind_coptim: Mapping[str, float] = field(default_factory=dict)
+    """Adam kind (:data:`ALL_ADAM_KINDS`) -> C-Optim strength s in [0, 1] (record #87, 2026-06-11
+    RecursiveFromBest: 0.5 on its value-embedding and bigram tables, our kind ``embed``, which it never unties
+    from the head); absent: 0. Adam's step u of such a group becomes ``(1 - s)·u + s·u·keep / mean(keep)``,
+    keep = [u·g > 0] the coordinates where the step agrees in sign with the gradient and the mean over the
+    whole tensor (clamped to >= 1e-3), before the cautious decay's mask (:class:`speedrun.optim.adam.
+    CautiousAdam`; the record takes the mean over each GPU's shard of the tensor). Needs
+    ``cautious_weight_decay``."""
     adam_kind_lrs: Mapping[str, float] = field(default_factory=dict)
     """Adam kind -> lr, for the kinds of :data:`RECORD_ADAM_KINDS` (the records' sublayer-form lambdas, gates and
     MUDD weights; their lr in that table when not given); ``embed``, ``head``, ``scalar`` take ``embed_lr``,
@@ -93,6 +117,13 @@ class OptimConfig:
     """Cautious decay in Muon (record #43) and Adam (record #50) instead of decoupled decay."""
     langevin_noise: float = 0.0
     """σ of Muon's annealed Langevin noise (record 2026-06-11; 0 is off; :mod:`speedrun.optim.langevin`)."""
+    langevin_warmup_steps: int = 0
+    """Steps over which the Langevin σ_t is also multiplied by step / langevin_warmup_steps (record #87's
+    ``NORMUON_NOISE_WARMUP``: 50; 0: none)."""
+    langevin_end_frac: float | None = None
+    """Where σ_t reaches 0: null, at the lr cooldown's start (ours); a fraction f in (0, 1], at step
+    int(f · scheduled steps), a staged schedule's ``scheduled_steps`` or else ``steps`` (record #87's
+    ``NORMUON_NOISE_END_FRAC``: 0.25 of its 1387, step 346)."""
     langevin_seed: int = 0
     """Seed of the Langevin noise: each seed of a multi-seed run gets its own (``speedrun train``: the run's
     seed). Not a training setting."""
@@ -145,7 +176,9 @@ class LrMomentumSchedule:
 class ScheduleConfig(LrMomentumSchedule):
     """The step schedules of one run (see :mod:`speedrun.optim.schedules`): the settings of
     :class:`LrMomentumSchedule` over the run's ``steps``, Muon's momentum going from ``momentum_start`` to
-    ``momentum_end`` and back. :meth:`of` builds it from a config's settings."""
+    ``momentum_end`` and back, and the Langevin noise's warm-up ``langevin_warmup_steps`` and the step
+    ``langevin_end_step`` where it reaches 0 (None: the cooldown's start;
+    :func:`speedrun.optim.langevin.langevin_sigma`). :meth:`of` builds it from a config's settings."""
 
     steps: int
     """The run's optimizer steps."""
@@ -153,6 +186,10 @@ class ScheduleConfig(LrMomentumSchedule):
     """Muon's momentum at step 0 and at the end of its cooldown."""
     momentum_end: float = 0.95
     """Muon's momentum after the warm-up (the training's ``muon_momentum``)."""
+    langevin_warmup_steps: int = 0
+    """Steps over which the Langevin noise's σ ramps up from 0 (record #87: 50)."""
+    langevin_end_step: int | None = None
+    """The step where the Langevin noise reaches 0 (None: the cooldown's start; record #87: 346)."""
 
     @classmethod
     def of(cls, settings: LrMomentumSchedule, **run: Any) -> ScheduleConfig:

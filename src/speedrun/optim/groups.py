@@ -59,7 +59,9 @@ class Optimizers:
             if group["kind"] in MUON_KINDS:
                 group["momentum"] = momentum
                 group["langevin_sigma"] = langevin_sigma(step, schedule.steps, schedule.cooldown_frac,
-                                                         group["langevin_noise"])
+                                                         group["langevin_noise"],
+                                                         warmup_steps=schedule.langevin_warmup_steps,
+                                                         end_step=schedule.langevin_end_step)
 
     def self_reduced_parameters(self) -> frozenset[int]:
         """The ids of the parameters whose gradients the optimizers average over ranks themselves (Muon's,
@@ -172,13 +174,19 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
     """The Adam parameter group of ``kind``: ``lr`` (= ``initial_lr``) ``embed_lr``, ``head_lr``, ``scalar_lr``
     or, for a kind of :data:`speedrun.optim.config.RECORD_ADAM_KINDS`, ``adam_kind_lrs`` or the table's lr;
     ``betas`` ``adam_kind_betas``, else the table's, else ``adam_betas``; with a table kind, ``weight_decay``
-    ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default)."""
+    ``adam_weight_decay`` times its ``wd_mul`` (other groups take the optimizer's default), or times the kind's
+    ``adam_kind_wd_mul`` where given (any kind); ``coptim`` the kind's ``adam_kind_coptim`` strength where it is
+    set and not 0."""
     record = RECORD_ADAM_KINDS.get(kind)
     base = {"embed": config.embed_lr, "head": config.head_lr, "scalar": config.scalar_lr}
     lr = config.adam_kind_lrs.get(kind, record.lr) if record is not None else base[kind]
     betas = config.adam_kind_betas.get(kind, record.betas if record is not None else config.adam_betas)
     group = dict(params=params, lr=lr, initial_lr=lr, kind=kind, betas=tuple(betas))
-    if record is not None:
+    if config.adam_kind_coptim.get(kind):
+        group["coptim"] = config.adam_kind_coptim[kind]                     # record #87, CautiousAdam
+    if kind in config.adam_kind_wd_mul:
+        group["weight_decay"] = config.adam_weight_decay * config.adam_kind_wd_mul[kind]
+    elif record is not None:
         group["weight_decay"] = config.adam_weight_decay * record.wd_mul
     return group
 

@@ -6,6 +6,10 @@ The record gives no formula; ours is:
     u <- u + σ_t · rms(u) · ξ,   ξ ~ N(0, 1) elementwise,
     σ_t = σ · (1 - t / cooldown_start)  for t < cooldown_start,   0 from cooldown_start on,
 
+(record #87's own script, 2026-06-11, does give one: the same line ending at step int(0.25 · scheduled steps)
+and ramped up over its first 50 steps, :func:`langevin_sigma`'s ``end_step`` and ``warmup_steps``; its noise
+is drawn per shard of its banks, so its draw depends on the GPUs' layout where ours does not)
+
 applied to the update u after NorMuon's variance normalization (before the learning rate and the shape
 multiplier scale it), with ``cooldown_start = int(steps · (1 - cooldown_frac))`` the step at which the learning
 rate starts to fall (:func:`speedrun.optim.schedules.lr_factor`). ``rms(u)`` is taken along the side that
@@ -22,19 +26,24 @@ import hashlib
 import torch
 
 
-def langevin_sigma(step: int, steps: int, cooldown_frac: float, scale: float) -> float:
-    """σ_t at ``step`` (0-based) of ``steps``: ``scale`` at step 0, linear down to 0 at
-    ``cooldown_start = int(steps · (1 - cooldown_frac))``, 0 from there on. Raises ``ValueError`` for a
-    negative ``scale``, ``cooldown_frac`` outside [0, 1] or ``step`` outside [0, steps]."""
-    if scale < 0 or not 0.0 <= cooldown_frac <= 1.0:
-        raise ValueError(f"langevin noise needs scale >= 0 and cooldown_frac in [0, 1], got {scale}, "
-                         f"{cooldown_frac}")
+def langevin_sigma(step: int, steps: int, cooldown_frac: float, scale: float, *, warmup_steps: int = 0,
+                   end_step: int | None = None) -> float:
+    """σ_t at ``step`` (0-based) of ``steps``: ``scale · (1 - step / end)`` for step < end, 0 from there on,
+    with end = ``end_step``, or ``cooldown_start = int(steps · (1 - cooldown_frac))`` when it is None; and during
+    the first ``warmup_steps`` times ``step / warmup_steps`` as well (record #87's schedule: warm-up 50, end
+    int(0.25 · 1387) = 346, its ``get_normuon_noise_scale``). Raises ``ValueError`` for a negative ``scale``,
+    ``cooldown_frac`` outside [0, 1], a negative ``warmup_steps`` or ``end_step``, or ``step`` outside
+    [0, steps]."""
+    if scale < 0 or not 0.0 <= cooldown_frac <= 1.0 or warmup_steps < 0 or (end_step is not None and end_step < 0):
+        raise ValueError(f"langevin noise needs scale >= 0, cooldown_frac in [0, 1], warmup_steps >= 0 and "
+                         f"end_step >= 0, got {scale}, {cooldown_frac}, {warmup_steps}, {end_step}")
     if not 0 <= step <= steps:
         raise ValueError(f"step {step} is outside 0..{steps}")
-    cooldown_start = int(steps * (1.0 - cooldown_frac))
-    if step >= cooldown_start:
+    end = int(steps * (1.0 - cooldown_frac)) if end_step is None else end_step
+    if step >= end:
         return 0.0
-    return scale * (1.0 - step / cooldown_start)
+    sigma = scale * (1.0 - step / end)
+    return sigma * step / warmup_steps if step < warmup_steps else sigma
 
 
 def matrix_seed(noise_seed: int, step: int, group_index: int, param_index: int) -> int:

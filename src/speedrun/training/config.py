@@ -24,8 +24,8 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import (ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS, RECORD_ADAM_KINDS,
-                                   LrMomentumSchedule, OptimConfig, ScheduleConfig)
+from speedrun.optim.config import (ADAM_EPS_UNITS, ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS,
+                                   RECORD_ADAM_KINDS, LrMomentumSchedule, OptimConfig, ScheduleConfig)
 from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
 from speedrun.optim.stages import StagedSchedule, record_schedule
 
@@ -227,6 +227,8 @@ class TrainConfig:
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
+        _check_choice("adam_eps_units", self.optimizer.adam_eps_units, ADAM_EPS_UNITS)
+        self._check_record87_optimizer()
         _check_choice("window_stage_span", self.schedule.window_stage_span, get_args(WindowStageSpan))
         if not isinstance(self.model, Mapping):
             raise SpeedrunError(f"train.model must be a mapping of model settings, got {self.model!r}")
@@ -265,6 +267,37 @@ class TrainConfig:
                             "a learning rate", " (embed, head and scalar take embed_lr, head_lr and scalar_lr)")
         for kind, lr in lrs.items():
             _check_number(f"adam_kind_lrs.{kind}", lr, 0.0, math.inf)
+
+    def _check_record87_optimizer(self) -> None:
+        """``adam_kind_wd_mul`` (multipliers >= 0 per Adam kind), ``adam_kind_coptim`` (strengths in [0, 1] per
+        Adam kind, with cautious decay), ``langevin_warmup_steps`` (>= 0) and ``langevin_end_frac`` (null or in
+        (0, 1]): records #83-#89's per-kind weight decay and record #87's optimizer settings."""
+        wd_mul = _kind_mapping("adam_kind_wd_mul", self.optimizer.adam_kind_wd_mul, ALL_ADAM_KINDS,
+                               "a weight-decay multiplier >= 0")
+        for kind, mul in wd_mul.items():
+            _check_number(f"adam_kind_wd_mul.{kind}", mul, 0.0, math.inf)
+        coptim = _kind_mapping("adam_kind_coptim", self.optimizer.adam_kind_coptim, ALL_ADAM_KINDS,
+                               "a C-Optim strength in [0, 1]")
+        for kind, strength in coptim.items():
+            _check_number(f"adam_kind_coptim.{kind}", strength, 0.0, 1.0)
+        if any(coptim.values()) and not self.optimizer.cautious_weight_decay:
+            raise SpeedrunError("train.adam_kind_coptim (record #87's C-Optim) runs in the cautious Adam: it needs "
+                                "train.cautious_weight_decay true")
+        _check_int("langevin_warmup_steps", self.optimizer.langevin_warmup_steps, 0)
+        end = self.optimizer.langevin_end_frac
+        if end is not None:
+            _check_number("langevin_end_frac", end, 0.0, 1.0)
+            if end == 0:
+                raise SpeedrunError("train.langevin_end_frac must be null or a number in (0, 1], got 0")
+
+    def adam_eps_at(self, step: int) -> float:
+        """Adam's ε at training step ``step``: ``adam_eps`` with ``adam_eps_units`` mean_loss, else
+        ``adam_eps · micro_batches / tokens_per_step(step)`` (the records' ε on a loss summed over a
+        micro-batch's tokens, :class:`speedrun.optim.config.OptimConfig`)."""
+        eps = self.optimizer.adam_eps
+        if self.optimizer.adam_eps_units == "mean_loss":
+            return eps
+        return eps * self.micro_batches / self.batch_at(step)[0]
 
     def _check_schedules(self) -> None:
         schedule = self.schedule.window_schedule
@@ -523,12 +556,16 @@ class TrainConfig:
         staged schedule come from it instead, :meth:`staged_factors`; Langevin's σ from this)."""
         schedule = self.schedule
         staged = schedule.staged_schedule
+        end_frac = self.optimizer.langevin_end_frac
+        scheduled = self.steps if staged is None else staged.scheduled_steps
+        langevin = dict(langevin_warmup_steps=self.optimizer.langevin_warmup_steps,
+                        langevin_end_step=None if end_frac is None else int(end_frac * scheduled))
         if staged is not None:
             return ScheduleConfig(steps=self.steps, cooldown_frac=staged.cooldown_frac, lr_floor=staged.lr_floor,
                                   momentum_warmup_steps=staged.momentum_warmup_steps,
                                   momentum_end=staged.momentum_max,
-                                  momentum_cooldown_steps=staged.momentum_cooldown_steps)
-        return ScheduleConfig.of(schedule, steps=self.steps, momentum_end=self.optimizer.muon_momentum)
+                                  momentum_cooldown_steps=staged.momentum_cooldown_steps, **langevin)
+        return ScheduleConfig.of(schedule, steps=self.steps, momentum_end=self.optimizer.muon_momentum, **langevin)
 
     def to_json(self) -> str:
         """One line of JSON: every setting, flat (:meth:`settings`), with ``model`` resolved to the full model

@@ -37,6 +37,7 @@ from speedrun.data.prefetch import StepPrefetcher
 from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
+from speedrun.optim.adam import set_adam_eps
 from speedrun.optim.groups import Optimizers, build_optimizers
 from speedrun.training.compile_cache import allow_training_graph_cache
 from speedrun.training.config import TrainConfig, resolve_dtype
@@ -306,6 +307,8 @@ class _Run:
         else:
             self.optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step),
                                          cfg.schedule_config())
+        if cfg.optimizer.adam_eps_units != "mean_loss":
+            set_adam_eps(self.optimizers.optimizers, cfg.adam_eps_at(step))         # the records' ε, per stage
         self.set_windows(step)
         if step == cfg.untie_step() and self.model.tied:
             self.model.untie_embed_head()
