@@ -20,8 +20,8 @@ import yaml
 from hub_server import random_documents_shard, shard_bytes
 
 from speedrun.data.shard_folder import list_shard_folder
+from speedrun.data.shard_writer import import_pretokenized
 from speedrun.errors import SpeedrunError
-from speedrun.tokenize import import_pretokenized
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
