@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from speedrun.bos_index import bos_positions, index_shard
-from speedrun.corpus import play_files
+from speedrun.data.corpus_sources import play_files
 from speedrun.data.documents import ROWS_PER_BATCH
 from speedrun.data.encode import EncoderPool, encode_texts
 from speedrun.data.shard_writer import tokenize_documents
