@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.bos_index import bos_positions, index_shard
+from speedrun.data.bos_index_writer import bos_positions, index_shard
 from speedrun.data.corpus_sources import play_files
 from speedrun.data.documents import ROWS_PER_BATCH
 from speedrun.data.encode import EncoderPool, encode_texts
