@@ -10,9 +10,9 @@ import pytest
 from scipy import stats as sps
 
 from speedrun import cli
+from speedrun.analysis.bundle_folder import build_bundle
 from speedrun.analysis.group_stats import compute_stats
 from speedrun.analysis.groups import collect_runs
-from speedrun.bundle import build_bundle
 from speedrun.errors import SpeedrunError
 from speedrun.parse import parse_to_files
 from test_logs import REFERENCE, needs_reference, our_log, write
