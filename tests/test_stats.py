@@ -191,7 +191,7 @@ def test_same_directory_twice_and_slug_collisions(tmp_path):
 
 
 def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     logs = make_runs(tmp_path / "train" / "v", [(0, "complete", "cpu", 6.9, 100.0), (1, "diverged", "cpu", 6.9, 1.0)])
     for log in logs:
@@ -208,7 +208,7 @@ def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
 
 
 def test_one_log_parsed_twice_counts_once(tmp_path):
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     [log] = make_runs(tmp_path / "train", [(0, "complete", "cpu", 6.9, 100.0)])
     for name in ("a", "b"):
@@ -578,7 +578,7 @@ def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys,
 def test_a_corrupt_parsed_run_json_is_named_on_the_console(tmp_path, capsys):
     """A parsed-run .json cut short lowers n: the console says which file and why (not only summary.json); the
     metrics CSVs beside the JSONs are skipped quietly, with a reason that says what they are."""
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     logs = make_runs(tmp_path / "train", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
     parse = tmp_path / "parse"
