@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from speedrun.analysis.bundle_folder import build_bundle
-from speedrun.analysis.group_stats import DEFAULT_ALPHA, DEFAULT_TARGET, check_alpha, check_target
+from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
 from speedrun.support.atomic import printable
 
 
@@ -22,23 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="baseline runs: a directory of logs or parsed-run .json files, or one file")
     parser.add_argument("--candidate", required=True, metavar="PATH", help="candidate runs, as --baseline")
     parser.add_argument("--out", required=True, metavar="DIR", help="the bundle folder to create (must not exist)")
-    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
-                        help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
     parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
-    parser.add_argument("--split-code", action="store_true",
-                        help="split a side by code version too (it must then hold one version)")
-    parser.add_argument("--only", nargs="+", metavar="FILE",
-                        help="bundle only these files of --baseline and --candidate (the workflow passes the "
-                             "configured seeds)")
+    add_group_test_options(parser, paths="--baseline and --candidate", sides=True)
 
 
 def main(args: argparse.Namespace) -> int:
-    check_alpha(args.alpha)
-    check_target(args.target)
+    check_group_test_options(args)
     out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
-                       title=args.title, code_split="split" if args.split_code else "pool", only=args.only,
+                       title=args.title, code_split=code_split(args), only=args.only,
                        announce=lambda line: print(printable(line)))
     print(f"bundle written to {out}")
     return 0
