@@ -8,6 +8,9 @@ from TrainConfig's defaults (a new switch, off by default, changes no run's para
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
 ``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
+The launcher has since moved into the package (``python -m speedrun.workflow.launcher`` for
+``workflow/scripts/launch_train.py``): tests/plan_snapshot.py records either as ``<launcher>``, so the fixtures
+stand unchanged.
 """
 
 from __future__ import annotations
