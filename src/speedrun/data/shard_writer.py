@@ -220,9 +220,9 @@ def import_pretokenized(shards: Sequence[str | Path], dataset: str, out_dir: str
 
     ``shard_tokens`` in the manifest is the largest shard's token count; ``allow_repeats`` lets a train shard be
     given more than once; ``in_place``: the shards stay where they are, ``out_dir`` holds symbolic links to them
-    (``data.source: shards``; each manifest entry's ``source`` is the absolute path). Raises :class:`SpeedrunError` for a missing file, a file given twice, a bad order,
-    header, size or token id (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as in
-    :func:`tokenize_documents`.
+    (``data.source: shards``; each manifest entry's ``source`` is the absolute path). Raises
+    :class:`SpeedrunError` for a missing file, a file given twice, a bad order, header, size or token id
+    (:mod:`speedrun.data.pretokenized`), and for an ``out_dir`` refused as in :func:`tokenize_documents`.
     """
     shards, out_dir = _paths(shards), Path(out_dir)
     _check_arguments(dataset, 1, 1)
