@@ -20,23 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
 
-from speedrun.analysis.group_stats import GroupStats, compute_stats
+from speedrun.analysis.group_stats import compute_stats
 from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
 from speedrun.support.atomic import printable, write_json, write_text
-
-
-def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
-    """Write ``<directory>/<group slug>/statistics.md`` for each group, atomically; return the paths."""
-    from speedrun.analysis.tables import statistics_markdown
-
-    out = []
-    for s in results:
-        path = Path(directory) / s.group.slug / "statistics.md"
-        write_text(path, statistics_markdown(s))
-        out.append(path)
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +46,11 @@ def main(args: argparse.Namespace) -> int:
     objects = [s.to_json() for s in results]
     if args.json_out:
         write_json(args.json_out, objects)
-    if args.markdown_dir:
-        write_markdown(results, args.markdown_dir)
+    if args.markdown_dir:                            # <dir>/<group slug>/statistics.md, each atomically
+        from speedrun.analysis.tables import statistics_markdown
+
+        for s in results:
+            write_text(Path(args.markdown_dir) / s.group.slug / "statistics.md", statistics_markdown(s))
     if args.json:
         print(json.dumps(objects, indent=2))
     else:
