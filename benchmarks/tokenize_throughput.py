@@ -36,13 +36,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from speedrun.bos_index import bos_positions, index_shard
-from speedrun.corpus import play_files
-from speedrun.data.shards import BOS_ID, sha256_file, write_shard
-from speedrun.data.tokenizer import gpt2_encoding
+from speedrun.data.bos_index_writer import bos_positions, index_shard
+from speedrun.data.corpus_sources import play_files
 from speedrun.data.documents import ROWS_PER_BATCH
 from speedrun.data.encode import EncoderPool, encode_texts
-from speedrun.tokenize import tokenize_documents
+from speedrun.data.shard_writer import tokenize_documents
+from speedrun.data.shards import BOS_ID, sha256_file, write_shard
+from speedrun.data.tokenizer import gpt2_encoding
 
 MIN_CHARS, MAX_CHARS = 200, 5_000
 

@@ -2,8 +2,9 @@
 
 Each job is its rule, wildcards, outputs, logs, priority, threads, resources and shell command (which carries
 every param), plus its inputs other than the package's own source files (a module that moves changes those
-paths but not what the job computes). The train rule's launcher path is replaced by ``<launcher>``, and the
-interpreter's path before ``-m`` by ``<python>``.
+paths but not what the job computes). The train rule's launcher (``<python> -m speedrun.workflow.launcher``,
+recorded as ``workflow/scripts/launch_train.py`` before) is replaced by ``<launcher>``, and the interpreter's
+path before any other ``-m`` by ``<python>``.
 
     python tests/plan_snapshot.py     (records the fixtures tests/data/plan-*.json; only on a reference commit)
 """
@@ -45,7 +46,7 @@ def _job(block: list[str], workdir: Path) -> dict:
             job[key] = value
         elif line.startswith("Shell command: "):
             command = line[len("Shell command: "):]
-            command = re.sub(r"\S+python\S* \S+launch\S*\.py ", "<launcher> ", command)
+            command = re.sub(r"\S+python\S* -m speedrun\.workflow\.launcher ", "<launcher> ", command)
             command = re.sub(r"\S*python[\d.]* -m ", "<python> -m ", command)      # the interpreter's path
             job["shell"] = command.replace(str(workdir), "<workdir>")
     if "resources" in job:

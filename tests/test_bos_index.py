@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from speedrun.bos_index import bos_positions, build_bos_index
 from speedrun.cli import main as cli_main
+from speedrun.data.bos_index_writer import bos_positions, build_bos_index
+from speedrun.data.shard_writer import tokenize_documents
 from speedrun.data.shards import load_shard
 from speedrun.errors import SpeedrunError
-from speedrun.tokenize import tokenize_documents
 from speedrun.training.data import load_training_data
 
 BOS = 50256

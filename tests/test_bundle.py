@@ -10,11 +10,11 @@ import pytest
 from scipy import stats as sps
 
 from speedrun import cli
+from speedrun.analysis.bundle_folder import build_bundle
 from speedrun.analysis.group_stats import compute_stats
 from speedrun.analysis.groups import collect_runs
-from speedrun.bundle import build_bundle
+from speedrun.analysis.parsed_files import parse_to_files
 from speedrun.errors import SpeedrunError
-from speedrun.parse import parse_to_files
 from test_logs import REFERENCE, needs_reference, our_log, write
 from test_stats import close_to_printed, published_rows
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from speedrun import corpus
-from speedrun.corpus import Document, build_corpus, embedded_documents, split_scenes, write_documents
+from speedrun.data import corpus_sources as corpus
+from speedrun.data.corpus_sources import Document, build_corpus, embedded_documents, split_scenes, write_documents
 from speedrun.errors import SpeedrunError
 
 PLAY = """# A Play

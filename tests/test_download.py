@@ -20,17 +20,13 @@ import pytest
 from hub_server import HubServer, fineweb_parquet_bytes, git_blob_sha1, shard_bytes
 
 from speedrun.data.hub import RetryPolicy, list_remote_files
-from speedrun.download import (
-    HubFile,
-    check_arguments,
-    download_file,
+from speedrun.data.hub_download import HubFile, check_arguments, download_file, file_hashes, staging_dir
+from speedrun.data.hub_paths import (
     download_path,
-    file_hashes,
     fineweb_parquet_files,
     pretokenized_shard_files,
     repo_slug,
     revision_slug,
-    staging_dir,
 )
 from speedrun.errors import SpeedrunError
 

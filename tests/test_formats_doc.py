@@ -52,8 +52,8 @@ def test_summary_and_comparison_keys_are_documented(tmp_path):
 
 
 def test_report_runs_csv_columns_are_documented(tmp_path):
-    from speedrun.parse import parse_to_files
-    from speedrun.report import load_runs, mark_counted
+    from speedrun.analysis.parsed_files import parse_to_files
+    from speedrun.analysis.report_inputs import load_runs, mark_counted
 
     make(tmp_path)
     parse_to_files(str(tmp_path / "b" / "seed0.txt"), str(tmp_path / "p" / "seed0.csv"),

@@ -86,7 +86,7 @@ def _download(root: Path, name: str, data: bytes) -> Path:
 
 def test_a_damaged_download_is_moved_aside_so_that_the_next_call_fetches_it(tmp_path):
     from speedrun.data.shards import BOS_ID, write_shard
-    from speedrun.tokenize import import_pretokenized
+    from speedrun.data.shard_writer import import_pretokenized
 
     good = tmp_path / "good.bin"
     write_shard(good, np.array([BOS_ID, 1, 2, BOS_ID, 3], dtype=np.uint16))
@@ -102,7 +102,7 @@ def test_a_damaged_download_is_moved_aside_so_that_the_next_call_fetches_it(tmp_
 
 def test_a_damaged_file_of_the_users_stays_where_it_is(tmp_path):
     from speedrun.data.shards import BOS_ID, write_shard
-    from speedrun.tokenize import import_pretokenized
+    from speedrun.data.shard_writer import import_pretokenized
 
     val, train = tmp_path / "mine_val_000000.bin", tmp_path / "mine_train_000001.bin"
     write_shard(val, np.array([BOS_ID, 1, 2], dtype=np.uint16))

@@ -1,10 +1,10 @@
-"""workflow/scripts/launch_train.py, the train rule's launcher: placement of processes, the torchrun/srun command
-lines (written out by hand here), the GPU lock allocator under real concurrency, and the script end to end with
-stand-in `torchrun`, `srun` and `scontrol` programs that record what they were given."""
+"""speedrun.workflow.launcher, the train rule's launcher: placement of processes, the torchrun/srun command lines
+(written out by hand here), the GPU lock allocator under real concurrency, and the launcher end to end
+(``python -m speedrun.workflow.launcher``) with stand-in `torchrun`, `srun` and `scontrol` programs that record
+what they were given."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -16,18 +16,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / "launch_train.py"
+import speedrun.workflow.launcher as lt
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("launch_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module                   # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-lt = _load()
+SRC = Path(lt.__file__).resolve().parents[2]               # the src/ folder that holds this speedrun package
+LAUNCHER = [sys.executable, "-m", "speedrun.workflow.launcher"]
 
 
 # ---- placement and command lines ---------------------------------------------------------------------------
@@ -55,7 +47,8 @@ def test_srun_starts_one_agent_per_node():
     command = lt.srun_command(lt.Placement(32, 4), ["speedrun", "train"], python="/venv/bin/python")
     assert command == [
         "srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label",
-        "/venv/bin/python", str(SCRIPT), "agent", "--world-size=32", "--nodes=4", "--", "speedrun", "train"]
+        "/venv/bin/python", "-m", "speedrun.workflow.launcher", "agent", "--world-size=32", "--nodes=4", "--",
+        "speedrun", "train"]
 
 
 # ---- visible GPUs ----------------------------------------------------------------------------------------------
@@ -140,8 +133,8 @@ def test_concurrent_runs_never_share_a_gpu(tmp_path):
 
 
 def test_a_killed_run_releases_its_gpus(tmp_path):
-    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(SCRIPT.parent)!r}); import launch_train; "
-            f"launch_train.acquire_gpus(pathlib.Path({str(tmp_path)!r}), ['0', '1'], 2); print('held', flush=True); "
+    code = (f"import sys, time, pathlib; sys.path.insert(0, {str(SRC)!r}); import speedrun.workflow.launcher as lt; "
+            f"lt.acquire_gpus(pathlib.Path({str(tmp_path)!r}), ['0', '1'], 2); print('held', flush=True); "
             "time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -151,7 +144,7 @@ def test_a_killed_run_releases_its_gpus(tmp_path):
     assert list(lt.try_acquire_gpus(tmp_path, ["0", "1"], 2)) == ["0", "1"]
 
 
-# ---- the script, with stand-in programs ----------------------------------------------------------------------------
+# ---- the launcher, with stand-in programs ----------------------------------------------------------------------------
 
 RECORDER = """#!{python}
 import fcntl, json, os, sys
@@ -173,7 +166,7 @@ Path(os.environ["RECORD"]).write_text(json.dumps(record))
 
 @pytest.fixture
 def stand_ins(tmp_path):
-    """A PATH with `torchrun`, `srun` and `scontrol` stand-ins; returns a function running the script."""
+    """A PATH with `torchrun`, `srun` and `scontrol` stand-ins; returns a function running the launcher."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("torchrun", "srun"):
@@ -184,11 +177,11 @@ def stand_ins(tmp_path):
     record = tmp_path / "record.json"
 
     def run(args: list[str], **env_vars: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-        env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "RECORD": str(record),
+        env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "RECORD": str(record), "PYTHONPATH": str(SRC),
                "LOCK_DIR": str(tmp_path / "locks"), "OMP_NUM_THREADS": "16", **env_vars}
         record.unlink(missing_ok=True)
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                              cwd=tmp_path, timeout=60)
+        done = subprocess.run([*LAUNCHER, *args], env=env, capture_output=True, text=True, cwd=tmp_path,
+                              timeout=60)
         return done, (json.loads(record.read_text()) if record.exists() else None)
 
     return run
@@ -239,9 +232,9 @@ def test_several_nodes_need_a_slurm_job(stand_ins):
     done, record = stand_ins(args, SLURM_JOB_ID="4242")
     assert done.returncode == 0, done.stderr
     assert record["program"] == "srun"
-    assert record["args"][:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                                  "--label", sys.executable]
-    assert record["args"][7:] == ["agent", "--world-size=16", "--nodes=2", "--", "speedrun", "train", "--config",
+    assert record["args"][:8] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                                  "--label", sys.executable, "-m", "speedrun.workflow.launcher"]
+    assert record["args"][8:] == ["agent", "--world-size=16", "--nodes=2", "--", "speedrun", "train", "--config",
                                   '{"world_size": 2}', "--out", "results/train/b/seed0.txt"]
 
 

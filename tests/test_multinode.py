@@ -1,4 +1,4 @@
-"""The multi-node launch path without a cluster: two torchrun agents, as workflow/scripts/launch_train.py starts
+"""The multi-node launch path without a cluster: two torchrun agents, as speedrun.workflow.launcher starts
 them on two nodes (`agent`, c10d rendezvous), here both on 127.0.0.1 with one CPU process each (gloo). Their run
 must be the single-process run with two accumulation steps: same tokens per step, same losses to 1e-5."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from cluster_support import free_port, write_dataset
 
-SCRIPT = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / "launch_train.py"
+SRC = Path(__file__).resolve().parents[1] / "src"
 PROGRAM = Path(__file__).resolve().parent / "cluster_train_losses.py"
 SETTINGS = {"preset": "tiny", "model": {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16},
             "steps": 5, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 512,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SRC))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -43,8 +43,8 @@ def test_two_agents_with_c10d_rendezvous_train_like_one_process_with_accumulatio
 
     endpoint = f"127.0.0.1:{free_port()}"
     program = _program(2, shards, bos, tmp_path / "two.txt", tmp_path / "two-{rank}.json")
-    agents = [subprocess.Popen([sys.executable, str(SCRIPT), "agent", "--world-size", "2", "--nodes", "2",
-                                "--endpoint", endpoint, "--rdzv-id", "test-run", "--", *program],
+    agents = [subprocess.Popen([sys.executable, "-m", "speedrun.workflow.launcher", "agent", "--world-size", "2",
+                                "--nodes", "2", "--endpoint", endpoint, "--rdzv-id", "test-run", "--", *program],
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for _ in range(2)]
     outputs = [a.communicate(timeout=300)[0] for a in agents]

@@ -17,6 +17,9 @@ And once more (2026-12-03): the FineWeb fixture had recorded config.yaml's ``can
 ``muon_lr: 0.04`` merged into configs/fineweb-8xh100.yaml's own ``candidate`` (a leak: that config sets no
 muon_lr); a --configfile's ``variants`` now replace config.yaml's (planning.replace_default_variants), and the
 candidate's ten train jobs carry the record's muon_lr 0.023; nothing else changed.
+The launcher has since moved into the package (``python -m speedrun.workflow.launcher`` for
+``workflow/scripts/launch_train.py``): tests/plan_snapshot.py records either as ``<launcher>``, so the fixtures
+stand unchanged.
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ import pandas as pd
 import pytest
 
 from speedrun import report
-from speedrun.analysis.report_plots import val_loss_bands
+from speedrun.analysis.report_inputs import (check_baseline, counted, load_runs, read_comparison, read_records,
+                                             report_settings)
+from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_loss, plot_p_value_by_n, plot_val_loss,
+                                           plot_val_loss_band, val_loss_bands)
+from speedrun.analysis.report_tables import render_summary
 from speedrun.errors import SpeedrunError
-from speedrun.report import (counted, load_runs, plot_distributions, plot_final_val_loss, plot_p_value_by_n,
-                             plot_val_loss, plot_val_loss_band, read_records, render_summary)
 
 
 def _write_run(folder, seed, status, losses, final=None, time_ms=None, **provenance):
@@ -386,15 +388,15 @@ def test_unknown_baseline_is_refused_naming_the_summary_groups(paths, tmp_path, 
                    "of its groups: baseline, candidate\n")
     assert not out.exists()
     with pytest.raises(SpeedrunError, match=r"--baseline candidat: .* baseline, candidate$"):
-        report.check_baseline("candidat", SUMMARY)
-    assert report.check_baseline("candidate", SUMMARY) == "candidate"
+        check_baseline("candidat", SUMMARY)
+    assert check_baseline("candidate", SUMMARY) == "candidate"
     # speedrun stats run at the project root names its groups by path: the group name or its folder's name
     rooted = [{**g, "group": f"results/parse/{g['group']}", "path": f"results/parse/{g['path']}"} for g in SUMMARY]
-    assert report.check_baseline("baseline", rooted) == report.check_baseline("results/parse/baseline", rooted)
-    assert report.check_baseline("baseline", rooted) == "results/parse/baseline"
+    assert check_baseline("baseline", rooted) == check_baseline("results/parse/baseline", rooted)
+    assert check_baseline("baseline", rooted) == "results/parse/baseline"
     with pytest.raises(SpeedrunError, match=r"expected one of its groups: results/parse/baseline, "
                                             r"results/parse/candidate$"):
-        report.check_baseline("parse/baseline2", rooted)
+        check_baseline("parse/baseline2", rooted)
 
 
 @pytest.mark.parametrize("case, what", [
@@ -424,7 +426,7 @@ def test_report_refuses_comparisons_that_are_not_compare_outputs_before_writing(
     assert err.startswith(prefix + ("" if case == "binary" else "--comparisons expects the .json files of speedrun "
                                                                   "compare --json-out, ")) and what in err
     assert not out.exists()
-    assert report.read_comparison(good) == COMPARISON
+    assert read_comparison(good) == COMPARISON
 
 
 def _experiment(root, finals, alpha="0.05", target="7", name="exp"):
@@ -605,16 +607,16 @@ def test_report_settings_of_older_or_mixed_summaries(tmp_path):
     a target anywhere, or with groups of two targets, the report is refused, naming the file."""
     path = tmp_path / "summary.json"
     old = [{"group": "a"}, {"group": "b"}]
-    assert report.report_settings(old, path, 4.6, None) == (4.6, 0.01)
-    assert report.report_settings(old, path, 4.6, 0.05) == (4.6, 0.05)
-    assert report.report_settings([{"group": "a", "target": 4.6, "alpha": 0.05}], path, None, None) == (4.6, 0.05)
+    assert report_settings(old, path, 4.6, None) == (4.6, 0.01)
+    assert report_settings(old, path, 4.6, 0.05) == (4.6, 0.05)
+    assert report_settings([{"group": "a", "target": 4.6, "alpha": 0.05}], path, None, None) == (4.6, 0.05)
     with pytest.raises(SpeedrunError, match=rf"^--target: not given, and --summary {path} records none"):
-        report.report_settings(old, path, None, None)
+        report_settings(old, path, None, None)
     mixed = [{"group": "a", "target": 3.28}, {"group": "b", "target": 3.5}]
     with pytest.raises(SpeedrunError, match=rf"^--summary {path}: its groups disagree on target \(a: 3.28, b: 3.5\)"):
-        report.report_settings(mixed, path, None, None)
+        report_settings(mixed, path, None, None)
     with pytest.raises(SpeedrunError, match=rf"^--summary {path}: group a: alpha: 'x' is not a number$"):
-        report.report_settings([{"group": "a", "target": 3.28, "alpha": "x"}], path, None, None)
+        report_settings([{"group": "a", "target": 3.28, "alpha": "x"}], path, None, None)
 
 
 @pytest.mark.parametrize("zoom", [0.0, 2.0, float("nan")])

@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(NODE is None, reason=f"no Slurm of the test cluster {TEST_CLUSTER!r} answers here "
                                                       "(CI starts one as root: .ci/slurm-up.sh)")]
 PREFIX = f"speedrun-test-{os.getpid()}"
-SCRIPT = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / "launch_train.py"
+SRC = Path(__file__).resolve().parents[1] / "src"
 PROGRAM = Path(__file__).resolve().parent / "cluster_train_losses.py"
 GPU_TRAIN = {"device": "cuda", "world_size": 8, "tokens_per_step": 4096, "micro_batches": 16,
              "val_tokens": 16384, "val_batch_tokens": 1024}
@@ -178,11 +178,8 @@ def test_a_two_node_run_asks_for_nodes_tasks_and_gpus_per_node(slurm_workflow):
 def test_srun_and_c10d_rendezvous_inside_a_slurm_job(tmp_path):
     """The multi-node launch inside a real Slurm allocation, on the one node there is: srun starts the agent,
     which finds the job's first host with scontrol and meets torchrun's two ranks there."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import launch_train
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from speedrun.workflow import launcher as launch_train
+
     shards, bos = write_dataset(tmp_path / "data")
     settings = json.dumps({"preset": "tiny", "model": {"n_layer": 1, "model_dim": 32, "n_head": 2, "head_dim": 16},
                            "steps": 2, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128,
@@ -193,7 +190,8 @@ def test_srun_and_c10d_rendezvous_inside_a_slurm_job(tmp_path):
     cpus = min(2, NODE[0])
     done = subprocess.run(["salloc", f"--job-name={PREFIX}-srun", "--nodes=1", "--ntasks=1",
                            f"--cpus-per-task={cpus}", "--mem=4000", "-t", "10", *srun],
-                          env=workflow_env(tmp_path), capture_output=True, text=True, timeout=300)
+                          env={**workflow_env(tmp_path), "PYTHONPATH": str(SRC)}, capture_output=True, text=True,
+                          timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert re.search(r"--rdzv-endpoint=\S+:\d+ --rdzv-id=slurm-\d+", output)

@@ -74,14 +74,18 @@ runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), mi
     lambda rs: np.ptp([r[0] for r in rs]) > 1e-6)
 
 
-@settings(max_examples=40, deadline=None)
-@given(runs_strategy, st.randoms())
-def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
+def _in_order_and_shuffled(runs, rnd) -> tuple[dict, dict]:
+    """The group statistics (to_json) of ``runs`` ((val_loss, train_time_ms) pairs) in order and shuffled."""
     records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
     shuffled = records[:]
     rnd.shuffle(shuffled)
-    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    return tuple(group_stats(Group("g", "g", "g", tuple(rs)), 3.28).to_json() for rs in (records, shuffled))
+
+
+@settings(max_examples=40, deadline=None)
+@given(runs_strategy, st.randoms())
+def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
+    a, b = _in_order_and_shuffled(runs, rnd)
     for key in ("n", "val_loss_mean", "val_loss_std", "p_value", "train_time_mean_s", "train_time_std_s"):
         assert a[key] == pytest.approx(b[key], rel=1e-9)
     times_ms = np.array([t for _, t in runs])
@@ -191,7 +195,7 @@ def test_same_directory_twice_and_slug_collisions(tmp_path):
 
 
 def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     logs = make_runs(tmp_path / "train" / "v", [(0, "complete", "cpu", 6.9, 100.0), (1, "diverged", "cpu", 6.9, 1.0)])
     for log in logs:
@@ -208,7 +212,7 @@ def test_parsed_run_json_is_read_instead_of_the_log(tmp_path):
 
 
 def test_one_log_parsed_twice_counts_once(tmp_path):
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     [log] = make_runs(tmp_path / "train", [(0, "complete", "cpu", 6.9, 100.0)])
     for name in ("a", "b"):
@@ -505,11 +509,7 @@ def test_runs_needed_in_summary(tmp_path):
 @settings(max_examples=30, deadline=None)
 @given(runs_strategy, st.randoms())
 def test_runs_needed_ignores_run_order(runs, rnd):
-    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
-    shuffled = records[:]
-    rnd.shuffle(shuffled)
-    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    a, b = _in_order_and_shuffled(runs, rnd)
     assert (a["runs_needed"], a["runs_for_power"]) == (b["runs_needed"], b["runs_for_power"])
 
 
@@ -578,7 +578,7 @@ def test_only_counts_the_files_given_and_keeps_the_group_names(tmp_path, capsys,
 def test_a_corrupt_parsed_run_json_is_named_on_the_console(tmp_path, capsys):
     """A parsed-run .json cut short lowers n: the console says which file and why (not only summary.json); the
     metrics CSVs beside the JSONs are skipped quietly, with a reason that says what they are."""
-    from speedrun.parse import parse_to_files
+    from speedrun.analysis.parsed_files import parse_to_files
 
     logs = make_runs(tmp_path / "train", [(i, "complete", "cpu", v, 100.0) for i, v in enumerate([6.9, 6.95, 6.85])])
     parse = tmp_path / "parse"

@@ -23,10 +23,10 @@ import yaml
 import speedrun
 from speedrun.cli import main as cli_main
 from speedrun.data.encode import EncoderPool
+from speedrun.data.shard_writer import tokenize_documents
 from speedrun.data.shards import load_shard, write_shard
 from speedrun.data.tokenizer import gpt2_encoding
 from speedrun.errors import SpeedrunError
-from speedrun.tokenize import tokenize_documents
 
 BOS, HELLO, WORLD = 50256, 15496, 995  # GPT-2 ids of "Hello" and " world"
 
@@ -312,7 +312,7 @@ def test_threads_above_the_usable_cpus_are_capped_with_a_note(tmp_path, capsys, 
             workers.append(count)
             super().__init__(count)
 
-    monkeypatch.setattr("speedrun.tokenize.EncoderPool", Recording)
+    monkeypatch.setattr("speedrun.data.shard_writer.EncoderPool", Recording)
     docs = write_parquet(tmp_path / "d.parquet", ["Hello world"] * 4)
     args = ["tokenize", "--documents", str(docs), "--dataset", "toy", "--shard-tokens", "5", "--out-dir",
             str(tmp_path / "shards"), "--threads", str(cpus + 1)]

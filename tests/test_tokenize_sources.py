@@ -19,9 +19,9 @@ from hub_server import fineweb_parquet_bytes, shard_bytes
 from speedrun.cli import main as cli_main
 from speedrun.data.documents import iter_text_batches
 from speedrun.data.encode import EncoderPool, encode_texts
+from speedrun.data.shard_writer import import_pretokenized, shard_streams, tokenize_documents, tokenize_to_stream
 from speedrun.data.tokenizer import gpt2_encoding
 from speedrun.errors import SpeedrunError
-from speedrun.tokenize import import_pretokenized, shard_streams, tokenize_documents, tokenize_to_stream
 
 BOS = 50256
 TEXTS = ["Hello world", "a<|endoftext|>b", "naïve café 東京 🙂", " \n\t spaces  ", "x" * 3000, "The end."]
@@ -175,7 +175,7 @@ def test_full_disk_leaves_nothing(tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("speedrun.tokenize.os.fsync", full)
+    monkeypatch.setattr("speedrun.data.shard_writer.os.fsync", full)
     with pytest.raises(SpeedrunError, match=r"s.bin: writing failed \(No space left on device\)"):
         tokenize_to_stream(tmp_path / "d.txt", tmp_path / "s.bin")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.txt"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from speedrun.bos_index import build_bos_index
+from speedrun.data.bos_index_writer import build_bos_index
 from speedrun.errors import SpeedrunError
 from speedrun.training.data import load_training_data
 from test_bos_index import shards_dir  # noqa: F401  (a pytest fixture: toy shards of real GPT-2 tokens)

@@ -29,24 +29,15 @@ import argparse
 import json
 
 from speedrun.analysis.comparison import compare_groups, one_group
-from speedrun.analysis.group_stats import DEFAULT_ALPHA, DEFAULT_TARGET, check_alpha, check_target
-from speedrun.analysis.groups import CodeSplit, check_only
+from speedrun.analysis.groups import check_only
+from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
 from speedrun.support.atomic import printable, write_json, write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", metavar="BASELINE", help="baseline runs: a directory, a log or a parsed-run .json")
     parser.add_argument("candidate", metavar="CANDIDATE", help="candidate runs, as BASELINE")
-    parser.add_argument("--target", type=float, default=None,
-                        help=f"the experiment's val_loss target: adds each side's z-rule, and with {DEFAULT_TARGET} "
-                             "(the public metric) val_tokens other than 10,485,760 is a rule violation")
-    parser.add_argument("--split-code", action="store_true",
-                        help="split a side by code version too (it must then hold one version)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
-    parser.add_argument("--only", nargs="+", metavar="FILE",
-                        help="read only these files of BASELINE and CANDIDATE (a directory keeps its name; the "
-                             "workflow passes the configured seeds)")
+    add_group_test_options(parser, paths="BASELINE and CANDIDATE", sides=True, target=None)
     parser.add_argument("--json-out", metavar="FILE", help="also write the comparison as JSON to FILE")
     parser.add_argument("--markdown-out", metavar="FILE", help="also write the comparison as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -55,11 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from speedrun.analysis.comparison_tables import comparison_markdown, comparison_text
 
-    check_alpha(args.alpha)
-    if args.target is not None:
-        check_target(args.target)
+    check_group_test_options(args)
     check_only([args.baseline, args.candidate], args.only)
-    split: CodeSplit = "split" if args.split_code else "pool"
+    split = code_split(args)
     result = compare_groups(one_group(args.baseline, "BASELINE", split, args.only),
                             one_group(args.candidate, "CANDIDATE", split, args.only), args.alpha, args.target)
     if args.json_out:

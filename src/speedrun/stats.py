@@ -20,23 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
 
-from speedrun.analysis.group_stats import (DEFAULT_ALPHA, DEFAULT_TARGET, GroupStats, check_alpha, check_target,
-                                           compute_stats)
+from speedrun.analysis.group_stats import compute_stats
+from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
 from speedrun.support.atomic import printable, write_json, write_text
-
-
-def write_markdown(results: Sequence[GroupStats], directory: str | Path) -> list[Path]:
-    """Write ``<directory>/<group slug>/statistics.md`` for each group, atomically; return the paths."""
-    from speedrun.analysis.tables import statistics_markdown
-
-    out = []
-    for s in results:
-        path = Path(directory) / s.group.slug / "statistics.md"
-        write_text(path, statistics_markdown(s))
-        out.append(path)
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,34 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training logs, parsed-run .json files, or directories of them: each directory is "
                              "one group, and files named one by one are grouped by their folder (DIR/*.txt is "
                              "the group DIR)")
-    parser.add_argument("--target", type=float, default=DEFAULT_TARGET,
-                        help=f"val_loss to beat (default {DEFAULT_TARGET}, the public record rule)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"significance level of the one-sided t-test (default {DEFAULT_ALPHA})")
-    parser.add_argument("--split-code", action="store_true",
-                        help="also split a directory by code version (hash of the code dump; default: pool them "
-                             "and list the versions, as the published figures do)")
-    parser.add_argument("--only", nargs="+", metavar="FILE",
-                        help="read only these files of the PATHs (a directory keeps its group name; the workflow "
-                             "passes the configured seeds)")
+    add_group_test_options(parser, paths="the PATHs", sides=False)
     parser.add_argument("--json", action="store_true", help="print the JSON list instead of the table")
     parser.add_argument("--json-out", metavar="FILE", help="also write the JSON list to FILE (summary.json)")
     parser.add_argument("--markdown-dir", metavar="DIR", help="also write DIR/<group>/statistics.md per group")
 
 
 def main(args: argparse.Namespace) -> int:
-    check_alpha(args.alpha)
-    check_target(args.target)
+    check_group_test_options(args)
     notes: list[str] = []
-    results = compute_stats(args.paths, args.target, args.alpha, "split" if args.split_code else "pool", args.only,
-                            notes)
+    results = compute_stats(args.paths, args.target, args.alpha, code_split(args), args.only, notes)
     for note in notes:
         print(printable(f"speedrun stats: note: {note}"), file=sys.stderr)
     objects = [s.to_json() for s in results]
     if args.json_out:
         write_json(args.json_out, objects)
-    if args.markdown_dir:
-        write_markdown(results, args.markdown_dir)
+    if args.markdown_dir:                            # <dir>/<group slug>/statistics.md, each atomically
+        from speedrun.analysis.tables import statistics_markdown
+
+        for s in results:
+            write_text(Path(args.markdown_dir) / s.group.slug / "statistics.md", statistics_markdown(s))
     if args.json:
         print(json.dumps(objects, indent=2))
     else:

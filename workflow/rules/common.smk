@@ -99,12 +99,10 @@ def get_train_config_json(wildcards):
 # scheduler give it its GPUs, and the order runs start in: EXPERIMENT's Placement and run_order. README:
 # "Running on GPUs and clusters".
 
-# The launcher of the train rule (workflow/scripts/launch_train.py) and where it keeps GPU lock files: on
+# The launcher of the train rule (speedrun.workflow.launcher) and where it keeps GPU lock files: on
 # the local executor runs take their GPUs through locks; inside a cluster job (remote execution) the
 # scheduler has already given the job its GPUs.
-TRAIN_LAUNCHER = shlex.join(
-    [sys.executable, os.path.normpath(os.path.join(workflow.current_basedir, "..", "scripts", "launch_train.py"))]
-)
+TRAIN_LAUNCHER = shlex.join([sys.executable, "-m", "speedrun.workflow.launcher"])
 GPU_LOCKS = "none" if workflow.remote_exec else "results/.gpu-locks"
 # The Inductor/Triton caches every compiled run shares (keyed by graph, code and versions by torch itself),
 # so that only the first seed of a model shape pays the cold compile. Not an output of any rule.
@@ -127,9 +125,10 @@ def get_train_priority(wildcards):
 
 def check_multi_node_executor(variant):
     """Refuse a multi-node run (train.nodes > 1) that a run with an executor other than Slurm would start:
-    launch_train.py starts its nodes with srun inside a Slurm job. Called from get_train_priority, which
-    Snakemake evaluates for every job it will run once the DAG is built, before any job starts (so before
-    it removes the outputs of a run it redoes); fail_planning stops it without a traceback. The
+    the launcher (speedrun.workflow.launcher) starts its nodes with srun inside a Slurm job. Called from
+    get_train_priority, which Snakemake evaluates for every job it will run once the DAG is built, before any
+    job starts (so before it removes the outputs of a run it redoes); fail_planning stops it without a
+    traceback. The
     executor is not known while the Snakefile is read, and a dry run (-n) or --touch does not say which one
     the real run will use: those pass."""
     executor = getattr(workflow.executor_plugin, "name", None)

@@ -7,7 +7,7 @@
 # gated repository, a hash mismatch) and is not run twice more.
 # A file lies at results/download/<owner>--<name>/<revision, percent-encoded>/<path in repo> (download_path), so
 # a config naming another revision of the same repository downloads beside, never over, the files of the first.
-from speedrun.download import (
+from speedrun.data.hub_paths import (
     download_path,
     fineweb_parquet_files,
     pretokenized_shard_files,

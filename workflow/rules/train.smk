@@ -1,4 +1,4 @@
-# Stage 4: one training run per (variant, seed), launched with torchrun by workflow/scripts/launch_train.py:
+# Stage 4: one training run per (variant, seed), launched with torchrun by speedrun.workflow.launcher:
 # on one machine `torchrun --standalone` (a GPU run takes free GPUs through lock files on the local executor),
 # on several Slurm nodes one torchrun per node with c10d rendezvous. Training arguments must never be
 # abbreviations of torchrun options (torchrun reads `--log` as its --log-dir): hence `--out`.
@@ -7,7 +7,8 @@
 # (speedrun.training.preflight); those settings are not params: a run on other GPUs of the same kind is not a new
 # run.
 # `exec`: the launcher replaces the job's shell, so that its parent is Snakemake and it dies with Snakemake,
-# however Snakemake dies (launch_train.py, "Dying with the workflow"; README "Recovering from a crash").
+# however Snakemake dies (speedrun.workflow.launcher, "Dying with the workflow"; README "Recovering from a
+# crash").
 
 # Before torchrun: every shard's header and size against the manifest (speedrun.data.integrity); a damaged one
 # moves the shards folder aside with a one-line error in the log, and the next call rebuilds it.

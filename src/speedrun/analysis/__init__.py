@@ -14,6 +14,12 @@ Modules, one concept each (none imports torch, so statistics over a thousand log
 * :mod:`speedrun.analysis.power`: the runs a group needs for p < alpha at its observed mean and std.
 * :mod:`speedrun.analysis.rules`: the rules check of a candidate against its baseline (same data, validation
   tokens, hardware, compile flags).
+* :mod:`speedrun.analysis.parsed_files`: a parsed run's files (metrics CSV, record JSON).
+* :mod:`speedrun.analysis.options`: the command-line options the stages over groups of runs share.
+* :mod:`speedrun.analysis.report_inputs`: the report's inputs (parsed runs, summary.json, comparisons), read and
+  checked against each other.
+* :mod:`speedrun.analysis.bundle_folder`: the ready-to-submit record folder (logs found and copied, statistics
+  of the copies).
 * Rendering, computing nothing: :mod:`~speedrun.analysis.tables` (stats table, statistics.md),
   :mod:`~speedrun.analysis.comparison_tables`, :mod:`~speedrun.analysis.snippets` (scipy code that reproduces
   the figures), :mod:`~speedrun.analysis.bundle_readme`, :mod:`~speedrun.analysis.report_tables` and

@@ -48,6 +48,14 @@ def _save(fig: Any, out: Path) -> None:
     plt.close(fig)
 
 
+def _val_loss_axes(ax: Any, target: float) -> None:
+    """Label a val_loss-against-step panel, grid it and draw the target as a dashed line."""
+    ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("val_loss")
+    ax.grid(alpha=0.3)
+
+
 def _zoom_from(steps: pd.Series, zoom_last_fraction: float) -> float:
     max_step = int(steps.max()) if len(steps) else 1
     return max_step * (1 - zoom_last_fraction)
@@ -72,10 +80,7 @@ def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_frac
             label = None if variant in labelled else variant
             labelled.add(variant)
             ax.plot(part["step"], part["val_loss"], color=colors[variant], alpha=0.8, marker=".", label=label)
-        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("val_loss")
-        ax.grid(alpha=0.3)
+        _val_loss_axes(ax, target)
     axes[0].set_title("val_loss, every run")
     axes[1].set_title(f"last {zoom_last_fraction:.0%} of each run")
     axes[0].legend(loc="upper right")      # the curves fall: the upper right corner is where none runs
@@ -111,10 +116,7 @@ def plot_val_loss_band(bands: pd.DataFrame, out: Path, target: float, zoom_last_
             ax.fill_between(b["step"], b["min"], b["max"], color=colors[variant], alpha=0.25, linewidth=0)
             ax.plot(b["step"], b["mean"], color=colors[variant], marker=".",
                     label=f"{variant} (mean of {n}, min–max)")
-        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("val_loss")
-        ax.grid(alpha=0.3)
+        _val_loss_axes(ax, target)
     axes[0].set_title("val_loss over seeds: mean and min–max band")
     axes[1].set_title(f"last {zoom_last_fraction:.0%} of training")
     axes[0].legend(fontsize=8)

@@ -177,7 +177,8 @@ def _seed_cell(seed: Any) -> str:
 
 
 def _duplicate_of(r: Any) -> str | None:
-    """The log a run repeats (the ``duplicate_of`` column of :func:`speedrun.report.mark_counted`), or None."""
+    """The log a run repeats (the ``duplicate_of`` column of
+    :func:`speedrun.analysis.report_inputs.mark_counted`), or None."""
     of = getattr(r, "duplicate_of", None)
     return of if isinstance(of, str) and of else None
 

@@ -55,6 +55,14 @@ def encode_texts(texts: Sequence[str]) -> np.ndarray:
     return np.concatenate(parts).astype(np.uint16)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask where the platform has one (taskset, Slurm and
+    container CPU sets), else ``os.cpu_count()``; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def _start_method() -> str:
     """``fork`` where the platform has it (workers inherit the built encoding), else ``spawn``."""
     return "fork" if "fork" in mp.get_all_start_methods() else "spawn"

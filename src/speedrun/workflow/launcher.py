@@ -1,7 +1,7 @@
 """Launch one training run of the `train` rule: torchrun on one machine, or one torchrun per node of a Slurm job.
 
-The train rule runs ``python launch_train.py run --world-size W --nodes N --device D --gpu-locks DIR -- speedrun
-train ...``. What it starts depends on where it runs:
+The train rule runs ``python -m speedrun.workflow.launcher run --world-size W --nodes N --device D --gpu-locks DIR
+-- speedrun train ...`` (``TRAIN_LAUNCHER`` of workflow/rules/common.smk). What it starts depends on where it runs:
 
 - one node (``--nodes 1``): ``torchrun --standalone --nproc-per-node=W --no-python speedrun train ...``. On the
   local executor (``--gpu-locks DIR``) a GPU run first takes W free GPUs of this machine through lock files and
@@ -9,7 +9,7 @@ train ...``. What it starts depends on where it runs:
   cluster executor (``--gpu-locks none``) the scheduler has already given the job step its GPUs. A CPU run
   sees no GPU.
 - several nodes (``--nodes N``, inside a Slurm job that holds N nodes): ``srun`` starts one task per node, and
-  each runs this script's ``agent`` command, which starts ``torchrun --nnodes=N --nproc-per-node=W/N
+  each runs this module's ``agent`` command, which starts ``torchrun --nnodes=N --nproc-per-node=W/N
   --rdzv-backend=c10d --rdzv-endpoint=<first node>:<port> --rdzv-id=slurm-<job id>``. The agents of all nodes
   meet there (torch.distributed.elastic's c10d rendezvous) and start one world of W ranks. The tokens per step
   do not depend on N: speedrun train splits each step's micro-batches over the W ranks.
@@ -17,20 +17,23 @@ train ...``. What it starts depends on where it runs:
 Every training process gets OMP_NUM_THREADS=1: the rule counts one core per process.
 
 GPU locks: ``DIR/<host>/gpu-<id>.lock``, one per visible GPU (``id``: the entry of CUDA_VISIBLE_DEVICES, or the
-nvidia-smi index), held with ``flock`` by the torchrun process (this script execs it with the locks open), so
+nvidia-smi index), held with ``flock`` by the torchrun process (the launcher execs it with the locks open), so
 they are released whenever it ends, even when killed. A run takes all of its GPUs at once while holding
 ``DIR/<host>/allocate.lock``: no two runs can each hold part of what the other needs, so none waits forever on
 the other. The locks keep the runs of one workflow folder apart; they do not see GPUs used by other programs.
 
-Dying with the workflow: the rule's shell ``exec``s this script, so its parent is Snakemake itself (the job's
-thread), and before anything else the script asks Linux to send it SIGTERM when that parent ends
+Dying with the workflow: the rule's shell ``exec``s the launcher, so its parent is Snakemake itself (the job's
+thread), and before anything else the launcher asks Linux to send it SIGTERM when that parent ends
 (``prctl(PR_SET_PDEATHSIG)``, prctl(2); the request survives the ``exec`` of torchrun or srun): a ``kill -9`` of
 Snakemake alone, which leaves the job's shell of a rule without ``exec`` alive, now ends torchrun, torchrun ends
 its workers (each of which also dies with torchrun: :func:`speedrun.support.stopping.die_with_parent`), and the
-GPU locks go with torchrun. A parent that ended before the request stops the script (status 143). Elsewhere
+GPU locks go with torchrun. A parent that ended before the request stops the launcher (status 143). Elsewhere
 than Linux nothing is requested (a note says so).
 
-Only the standard library is used (no torch import), so the script starts in milliseconds.
+Its lines in the run's log start with ``launch_train:`` (its name when it was a script of workflow/scripts/).
+
+Only the standard library is used (no torch import, nothing else of the package: ``speedrun`` and
+``speedrun.workflow`` import nothing at their import), so the launcher starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ PR_SET_PDEATHSIG = 1                  # <linux/prctl.h>
 Device = Literal["cpu", "cuda", "auto"]
 RDZV_PORT_BASE = 29500      # torchrun's default port; a Slurm job adds (job id mod RDZV_PORT_SPAN)
 RDZV_PORT_SPAN = 10000
+MODULE = "speedrun.workflow.launcher"    # run as python -m MODULE
 
 
 class LaunchError(Exception):
@@ -99,11 +103,12 @@ def agent_command(placement: Placement, endpoint: str, rdzv_id: str, program: Se
 
 
 def srun_command(placement: Placement, program: Sequence[str], python: str = sys.executable) -> list[str]:
-    """``srun`` of one task per node of the current Slurm job, each running this script's ``agent`` command.
+    """``srun`` of one task per node of the current Slurm job, each running this module's ``agent`` command
+    (``python -m speedrun.workflow.launcher agent``; srun passes the job's environment on, ``PYTHONPATH`` too).
     A step gets all the CPUs and GPUs its job holds on each node (srun's default); a task that fails ends
     the others (``--kill-on-bad-exit``); output lines carry the task number (``--label``)."""
     return ["srun", f"--nodes={placement.nodes}", f"--ntasks={placement.nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", "--label", python, str(Path(__file__).resolve()), "agent",
+            "--kill-on-bad-exit=1", "--label", python, "-m", MODULE, "agent",
             f"--world-size={placement.world_size}", f"--nodes={placement.nodes}", "--", *program]
 
 
@@ -179,7 +184,7 @@ def _lock_name(gpu: str) -> str:
 
 
 def _sign(fd: int, label: str) -> None:
-    """Write who holds the lock into it (read by people, never by this script)."""
+    """Write who holds the lock into it (read by people, never by the launcher)."""
     text = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {label}\n".encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, text, 0)
@@ -309,7 +314,7 @@ def agent(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launch_train.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     for name in ("run", "agent"):
         p = sub.add_parser(name)
