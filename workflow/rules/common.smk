@@ -57,6 +57,8 @@ except SpeedrunError as error:
 
 DATASET = EXPERIMENT.dataset
 VARIANTS = list(EXPERIMENT.names)
+MODEL_VARIANTS = list(EXPERIMENT.model_variants)      # trained by the train rule (speedrun train)
+SCRIPT_VARIANTS = list(EXPERIMENT.script_variants)    # run by the run_script rule (speedrun run-script)
 BASELINE = EXPERIMENT.baseline
 CANDIDATES = list(EXPERIMENT.candidates)
 
@@ -65,6 +67,12 @@ wildcard_constraints:
     variant="|".join(VARIANTS),
     seed=r"\d+",
     dataset=DATASET,
+
+
+def variant_pattern(names):
+    """A wildcard constraint that matches exactly the variants `names` (and nothing when there are none), so
+    that one rule makes each variant's logs: the train rule our model's, the run_script rule the scripts'."""
+    return "|".join(names) if names else "(?!)"
 
 
 def code(module):
@@ -138,6 +146,26 @@ def check_multi_node_executor(variant):
             f"multi-node run starts inside a Slurm job; run with --profile profiles/slurm-multinode, or set "
             f"train.nodes to 1 (world_size processes on this machine)"
         )
+
+
+def get_script(wildcards):
+    """The script of a script variant's run (speedrun.workflow.script_variants.ScriptSpec)."""
+    return get_variant(wildcards).script
+
+
+def get_script_inputs(wildcards):
+    """The script and its companion files, or the record log they come from: editing one reruns the runs."""
+    return get_script(wildcards).inputs
+
+
+def get_script_source(wildcards):
+    """`speedrun run-script`'s --script/--files or --log arguments, shell-quoted."""
+    return shlex.join(get_script(wildcards).source_args)
+
+
+def get_script_env(wildcards):
+    """`speedrun run-script --env` settings (NAME=VALUE), shell-quoted; empty without any."""
+    return shlex.join(get_script(wildcards).env_args)
 
 
 def get_bos_dir(wildcards):

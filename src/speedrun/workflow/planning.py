@@ -32,8 +32,9 @@ from speedrun.workflow.messages import more_data_hint, schema_value_hint
 from speedrun.model.config import PRESETS
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
-from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
+from speedrun.training.config import ComputeDtype, ComputeSettings, DeviceChoice, TrainConfig, resolve_dtype
 from speedrun.training.data import cut_documents_hint, steps_fed
+from speedrun.workflow.script_variants import ScriptSpec, check_script_train_keys, config_path, script_spec
 
 # Where a refused training setting is written when no variant overrides it.
 SHARED_TRAIN = "the shared `train` section (every variant)"
@@ -101,14 +102,27 @@ class Variant:
     (``settings``: ``train`` merged with the variant's overrides, ``nodes`` included), resolved once
     (``train``: the :class:`TrainConfig` ``speedrun train`` builds from ``params``, its dtype resolved for a
     ``cpu`` or ``cuda`` device), ``params`` (the canonical JSON the train rule passes, :func:`train_params`)
-    and its ``placement``."""
+    and its ``placement``.
+
+    A script variant (``script``, :class:`~speedrun.workflow.script_variants.ScriptSpec`) has no ``train``
+    (None): its script sets its own model and schedule; ``settings`` holds only the keys that place it
+    (world_size, nodes, device) and ``params`` is its spec's JSON."""
 
     name: str
     seeds: tuple[int, ...]
     settings: Mapping[str, Any]
-    train: TrainConfig
+    train: TrainConfig | None
     params: str
     placement: Placement
+    script: ScriptSpec | None = None
+
+    def describe(self) -> str:
+        """What the variant runs, one line (the report and the comparison show it): its script
+        (:meth:`ScriptSpec.describe`), or ``our model: `` and its settings that differ from TrainConfig's
+        defaults (:func:`train_settings`)."""
+        if self.script is not None:
+            return self.script.describe()
+        return f"our model: {self.params}"
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,16 @@ class Experiment:
         return self.variant(name).seeds
 
     @property
+    def script_variants(self) -> tuple[str, ...]:
+        """The variants that run a script of their own (``variants.<name>.script``), config order."""
+        return tuple(v.name for v in self.variants.values() if v.script is not None)
+
+    @property
+    def model_variants(self) -> tuple[str, ...]:
+        """The variants that train our model (``speedrun train``), config order."""
+        return tuple(v.name for v in self.variants.values() if v.script is None)
+
+    @property
     def runs(self) -> list[tuple[str, int]]:
         """Every (variant, seed), in config order."""
         return [(v.name, s) for v in self.variants.values() for s in v.seeds]
@@ -172,6 +196,8 @@ class Experiment:
         """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed
         (:func:`check_training_data`); variants of the same data shape (:data:`DATA_SHAPE_KEYS`) are checked
         once."""
+        if self.variant(variant).train is None:           # a script variant: its script reads the shards itself
+            return
         settings = json.loads(json.dumps(self.variant(variant).train.settings()))     # every setting, JSON values
         key = (json.dumps([settings[k] for k in DATA_SHAPE_KEYS]), str(shards_dir), str(bos_dir))
         if key not in self._data_checked:
@@ -202,7 +228,9 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
             is written, ``train.<key>`` or ``variants.<variant>.train.<key>``); a setting ``speedrun train``
             would refuse (naming the variant, or the shared ``train`` section when every variant fails the same
             way there); a ``train.world_size`` that does not split over ``train.nodes``; two variants with the
-            same resolved settings.
+            same resolved settings; for a script variant (:mod:`speedrun.workflow.script_variants`): a bad
+            ``script`` mapping or a missing file, a key of its ``train`` that does not apply to a script, more
+            than one node.
     """
     variants, baseline = config["variants"], config["stats"]["baseline"]
     names = list(variants)
@@ -225,6 +253,9 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
     for name in names:
         overrides = variants[name].get("train") or {}
         settings = merge(shared, overrides)
+        if "script" in variants[name]:
+            resolved[name] = _script_variant(where, name, variants[name], settings, config.get("clone"))
+            continue
         try:
             train = _train_config(settings)
         except SpeedrunError as e:
@@ -236,6 +267,46 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
     _check_distinct(where, resolved, baseline, variants)
     return Experiment(where=where, dataset=config["data"]["name"], variants=resolved, baseline=baseline,
                       corpus_fixed=config["data"]["source"] == "embedded")
+
+
+def _script_variant(where: str, name: str, variant: Mapping[str, Any], settings: Mapping[str, Any],
+                    clone: str | None) -> Variant:
+    """A script variant (:mod:`speedrun.workflow.script_variants`): its script resolved and its processes placed
+    from the train settings that apply (``settings``: the shared ``train`` with the variant's overrides); its
+    own ``train`` may hold only those keys. One node: ``speedrun run-script`` starts ``torchrun --standalone``."""
+    overrides = variant.get("train") or {}
+    check_script_train_keys(where, name, overrides)
+    spec = script_spec(where, name, variant["script"], clone)
+    placing = {k: v for k, v in settings.items() if k in ("world_size", "nodes", "device")}
+    written = f"variant {name!r}" if placing.keys() & overrides.keys() else SHARED_TRAIN
+    world_size = placing.get("world_size", TrainConfig.world_size)
+    device = placing.get("device", ComputeSettings.device)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise SpeedrunError(f"{where}: {written}: train.world_size must be an integer >= 1, got {world_size!r}"
+                            f"{number_text_hint(world_size)}")
+    if device not in DeviceChoice.__args__:
+        raise SpeedrunError(f"{where}: {written}: train.device must be one of {', '.join(DeviceChoice.__args__)}; got "
+                            f"{device!r}")
+    nodes = placing.get("nodes", Placement.nodes)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise SpeedrunError(f"{where}: {written}: train.nodes must be an integer >= 1, got {nodes!r}"
+                            f"{number_text_hint(nodes)}")
+    placement = Placement(world_size=world_size, device=device, nodes=nodes)
+    if placement.multi_node:
+        raise SpeedrunError(f"{where}: {written}: train.nodes is {placement.nodes}, but script variant {name!r} "
+                            "runs on one node (speedrun run-script starts torchrun --standalone); set train.nodes "
+                            "to 1 for it")
+    return Variant(name=name, seeds=tuple(variant["seeds"]), settings=placing, train=None, params=spec.params,
+                   placement=placement, script=spec)
+
+
+def shards_path(config: Mapping[str, Any]) -> str:
+    """``data.shards.path`` as the workflow reads it: relative to the config's ``clone`` folder when it names
+    one (:func:`~speedrun.workflow.script_variants.config_path`). Raises :class:`SpeedrunError` when the key
+    is missing."""
+    if "path" not in config["data"]["shards"]:
+        raise SpeedrunError("data.source 'shards' needs data.shards.path, the folder of the shards")
+    return config_path(config["data"]["shards"]["path"], config.get("clone"))
 
 
 def _check_known_keys(where: str, sections: list[tuple[str, Mapping[str, Any]]]) -> None:
@@ -325,6 +396,9 @@ def _check_distinct(where: str, resolved: Mapping[str, Variant], baseline: str,
             overrides = json.dumps(variants[name].get("train") or {}, sort_keys=True)
             must = ("a candidate must differ from the baseline" if other == baseline
                     else "each variant must differ from the others")
+            if resolved[name].script is not None:
+                raise SpeedrunError(f"{where}: variants {name} and {other} run the same script with the same env "
+                                    f"({resolved[name].script.describe()}); {must}")
             raise SpeedrunError(f"{where}: variants {name} and {other} resolve to the same train settings: "
                                 f"variants.{name}.train {overrides} changes nothing (each value is that of `train` "
                                 f"or TrainConfig's default); {must}")
