@@ -62,8 +62,9 @@ def test_a_script_variant_resolves_with_its_placement_and_no_model(in_tmp):
     assert record.script.source_args == ["--script", "code/train_gpt.py", "--files", "code/helper.py"]
     assert record.script.env_args == ["NUM_ITERATIONS=6", "MODE=fast"]
     assert record.script.sha256 == sha256(SCRIPT.read_bytes())
-    assert record.describe().startswith(f"script code/train_gpt.py (sha256 {sha256(SCRIPT.read_bytes())[:12]})")
-    assert experiment.variant("baseline").describe().startswith("our model: {")
+    assert experiment.describe("record") == (f"script code/train_gpt.py (sha256 {sha256(SCRIPT.read_bytes())[:12]}); "
+                                             "companion files code/helper.py; env NUM_ITERATIONS=6 MODE=fast")
+    assert experiment.describe("baseline") == "our model, preset tiny"
     experiment.check_data("record", "no-shards", "no-bos")            # a script reads its shards itself
 
 
@@ -73,7 +74,7 @@ def test_the_log_form_takes_the_script_out_of_the_log(in_tmp):
     assert spec.inputs == ["record.txt"] and spec.source_args == ["--log", "record.txt"]
     assert spec.sha256 == sha256(SCRIPT.read_text())
     assert record_code((in_tmp / "record.txt").read_text())["helper.py"] == "X = 1\n"
-    assert "train_gpt.py of the log record.txt" in spec.describe()
+    assert spec.describe() == f"script train_gpt.py of the log record.txt (sha256 {spec.sha256[:12]})"
 
 
 def test_relative_paths_are_read_from_the_clone(in_tmp):
@@ -115,6 +116,14 @@ def test_a_log_without_a_script_is_refused(in_tmp):
     (in_tmp / "llmc.txt").write_text("s:0 tel:10.9\n")
     with pytest.raises(SpeedrunError, match=r"script\.log: llmc\.txt: no line of 100 '=' after the code"):
         resolve_experiment(config(in_tmp, {"log": "llmc.txt"}))
+
+
+def test_a_model_candidate_names_the_settings_that_differ_from_the_baseline(in_tmp):
+    cfg = config(in_tmp, {"path": "code/train_gpt.py"})
+    cfg["variants"]["wide"] = {"seeds": [0], "train": {"muon_lr": 0.04, "model": {"n_layer": 2}}}
+    experiment = resolve_experiment(cfg)
+    assert experiment.describe("wide") == "our model, preset tiny; differs from the baseline in muon_lr=0.04, " \
+                                          "model.n_layer=2"
 
 
 def test_two_variants_of_one_script_are_refused(in_tmp):
@@ -167,11 +176,12 @@ def test_script_runs_are_parsed_counted_and_compared(workflow):
     assert (compare["n_baseline"], compare["n_candidate"]) == (2, 3)
     markdown = (workdir / "results/stats/compare/script.md").read_text()
     digest = sha256(SCRIPT.read_bytes())[:12]
-    assert f"script code/train_gpt.py (sha256 {digest}); env NUM_ITERATIONS=6" in markdown
-    assert "our model: {" in markdown
+    assert ("What each side runs:\n\n- baseline: our model, preset tiny\n"
+            f"- candidate: script code/train_gpt.py (sha256 {digest}); env NUM_ITERATIONS=6\n") in markdown
     report = (workdir / "results/report/summary.md").read_text()
-    assert f"script code/train_gpt.py (sha256 {digest})" in report
-    assert "each seed is a replicate" in report
+    assert f"- script: script code/train_gpt.py (sha256 {digest}); env NUM_ITERATIONS=6\n" in report
+    assert "- fromlog: script train_gpt.py of the log records/run.txt (sha256 " in report
+    assert "script, fromlog: each seed is a replicate." in report
     runs = (workdir / "results/report/runs.csv").read_text()
     assert runs.count("\nscript,") == 3 and runs.count("\nfromlog,") == 2
 

@@ -19,7 +19,8 @@ Welch test on times):
 * with ``--target``, the fixed-sigma z-rule ``(target - mean) * sqrt(n) >= 0.004`` of each side
   (:func:`speedrun.analysis.tests.z_rule`);
 * the rules check (:mod:`speedrun.analysis.rules`): same train and validation data, validation tokens, world
-  size, GPUs and compile flags; every violation is also a warning. ``val_tokens`` other than 10,485,760 is a
+  size, GPUs and compile flags; every violation is also a warning. With ``--describe-baseline`` /
+  ``--describe-candidate`` it names what each side runs (the JSON's ``runs``). ``val_tokens`` other than 10,485,760 is a
   violation only with ``--target 3.28`` (the public metric), a note otherwise (also without ``--target``).
 """
 
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", metavar="FILE",
                         help="read only these files of BASELINE and CANDIDATE (a directory keeps its name; the "
                              "workflow passes the configured seeds)")
+    parser.add_argument("--describe-baseline", metavar="TEXT",
+                        help="what the baseline runs, one line (the workflow: our model's settings, or a script "
+                             "variant's script path and sha256); shown with the rules check")
+    parser.add_argument("--describe-candidate", metavar="TEXT", help="what the candidate runs, as --describe-baseline")
     parser.add_argument("--json-out", metavar="FILE", help="also write the comparison as JSON to FILE")
     parser.add_argument("--markdown-out", metavar="FILE", help="also write the comparison as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -62,10 +67,13 @@ def main(args: argparse.Namespace) -> int:
     split: CodeSplit = "split" if args.split_code else "pool"
     result = compare_groups(one_group(args.baseline, "BASELINE", split, args.only),
                             one_group(args.candidate, "CANDIDATE", split, args.only), args.alpha, args.target)
+    sides = {side: text for side, text in (("baseline", args.describe_baseline),
+                                            ("candidate", args.describe_candidate)) if text}
+    output = {**result.to_json(), **({"runs": sides} if sides else {})}
     if args.json_out:
-        write_json(args.json_out, result.to_json())
+        write_json(args.json_out, output)
     if args.markdown_out:
-        write_text(args.markdown_out, comparison_markdown(result))
+        write_text(args.markdown_out, comparison_markdown(result, sides))
     # file names that are not UTF-8 as backslash escapes, as in speedrun stats
-    print(printable(json.dumps(result.to_json(), indent=2) if args.json else comparison_text(result)))
+    print(printable(json.dumps(output, indent=2) if args.json else comparison_text(result)))
     return 0

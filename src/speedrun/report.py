@@ -9,7 +9,8 @@ Outputs (all written atomically):
 - ``summary.md``: warnings first (violated rules, doubtful groups); per variant n, mean and std of val_loss,
   the one-sided t-test against the target (never a bare p with fewer than 3 runs), the runs needed for
   p < alpha, the train_time; each candidate against the baseline with its rules check; every run with its
-  status (incomplete runs are listed, never counted); the runs' provenance.
+  status (incomplete runs are listed, never counted); the runs' provenance; with ``--describe``, what each
+  variant runs, and with ``--replicates``, which variants' seeds are replicates (script variants).
 - ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, file, duplicate_of,
   counted).
 - ``val_loss.png``: val_loss against step for every run, whole run and the last part zoomed.
@@ -58,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "must be the summary's)")
     parser.add_argument("--zoom-last-fraction", type=float, default=0.5,
                         help="the zoomed val_loss panel shows this last fraction of training (default 0.5)")
+    parser.add_argument("--describe", nargs="*", default=[], metavar="VARIANT=TEXT",
+                        help="what a variant runs, one line each (the workflow: our model's settings, or a script "
+                             "variant's script path and sha256)")
+    parser.add_argument("--replicates", nargs="*", default=[], metavar="VARIANT",
+                        help="variants whose seeds are replicates (script variants: the script draws its own "
+                             "initialization, the seed is not passed to it)")
     parser.add_argument("--out-dir", required=True, help="output folder (results/report)")
 
 
@@ -81,7 +88,9 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs.csv") as f:
         runs.to_csv(f, index=False)
-    write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records))
+    described = _described(args.describe)
+    write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records,
+                                                  described, args.replicates))
     mask = runs["counted"]
     plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction)
     plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", target,
@@ -91,6 +100,17 @@ def main(args: argparse.Namespace) -> int:
     plot_p_value_by_n(summary, out / "p_value_by_n.png", alpha)
     print(f"report written to {out}")
     return 0
+
+
+def _described(pairs: Sequence[str]) -> dict[str, str]:
+    """``--describe VARIANT=TEXT`` pairs as a mapping; raises :class:`SpeedrunError` for one without ``=``."""
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise SpeedrunError(f"--describe {pair!r}: expected VARIANT=TEXT")
+        out[name] = text
+    return out
 
 
 def _same(a: float, b: float) -> bool:

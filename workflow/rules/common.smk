@@ -220,6 +220,17 @@ def get_bundle_logs(wildcards):
     return [f"results/train/{v}/seed{s}.txt" for v in (BASELINE, wildcards.variant) for s in get_seeds(v)]
 
 
+def get_description(wildcards):
+    """What the job's variant runs, one line (speedrun.workflow.planning.Experiment.describe): our model's
+    settings that differ from the baseline's, or a script variant's script path and sha256."""
+    return EXPERIMENT.describe(wildcards.variant)
+
+
+def get_descriptions():
+    """`VARIANT=<what it runs>` of every variant, shell-quoted (the report's --describe)."""
+    return shlex.join(f"{v}={EXPERIMENT.describe(v)}" for v in VARIANTS)
+
+
 def get_comparisons():
     return [f"results/stats/compare/{v}.json" for v in CANDIDATES]
 

@@ -116,14 +116,6 @@ class Variant:
     placement: Placement
     script: ScriptSpec | None = None
 
-    def describe(self) -> str:
-        """What the variant runs, one line (the report and the comparison show it): its script
-        (:meth:`ScriptSpec.describe`), or ``our model: `` and its settings that differ from TrainConfig's
-        defaults (:func:`train_settings`)."""
-        if self.script is not None:
-            return self.script.describe()
-        return f"our model: {self.params}"
-
 
 @dataclass(frozen=True)
 class Experiment:
@@ -154,6 +146,21 @@ class Experiment:
 
     def seeds(self, name: str) -> tuple[int, ...]:
         return self.variant(name).seeds
+
+    def describe(self, name: str) -> str:
+        """What variant ``name`` runs, one line for the comparison and the report: a script variant's script,
+        path and sha256 (:meth:`~speedrun.workflow.script_variants.ScriptSpec.describe`); for our model
+        ``our model, preset <p>`` and, against a baseline of our model, the settings that differ from the
+        baseline's (``muon_lr=0.04``, a model setting as ``model.<key>``)."""
+        variant = self.variant(name)
+        if variant.script is not None:
+            return variant.script.describe()
+        text = f"our model, preset {variant.train.preset}"
+        base = self.variants[self.baseline].train
+        if name == self.baseline or base is None:
+            return text
+        differs = [f"{k}={v}" for k, v in _flat_settings(variant.train).items() if _flat_settings(base).get(k) != v]
+        return text + (f"; differs from the baseline in {', '.join(differs)}" if differs else "")
 
     @property
     def script_variants(self) -> tuple[str, ...]:
@@ -204,6 +211,15 @@ class Experiment:
             check_training_data(settings, shards_dir, bos_dir, what=f"{self.where}: variant {variant!r}",
                                 corpus_fixed=self.corpus_fixed)
             self._data_checked.add(key)
+
+
+def _flat_settings(train: TrainConfig) -> dict[str, str]:
+    """Every setting of ``train`` as ``key -> JSON value``, the model's as ``model.<key>``, in declaration order."""
+    settings = json.loads(json.dumps(train.settings()))
+    model = settings.pop("model")
+    flat = {k: json.dumps(v, sort_keys=True) for k, v in settings.items()}
+    flat.update({f"model.{k}": json.dumps(v, sort_keys=True) for k, v in model.items()})
+    return flat
 
 
 def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

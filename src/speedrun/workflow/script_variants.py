@@ -99,7 +99,7 @@ def script_spec(where: str, name: str, script: Mapping[str, Any], clone: str | N
     if len(given) != 1:
         raise SpeedrunError(f"{where}: {key}: expected either `path` (the script, with its `files`) or `log` (a "
                             f"record's log holding the script), got {'both' if given else 'neither'}")
-    if "log" in script and "files" in script:
+    if "log" in script and script.get("files"):
         raise SpeedrunError(f"{where}: {key}.files: not with `log`: the companion files are taken out of the log")
     env = tuple((str(k), _env_value(where, key, k, v)) for k, v in (script.get("env") or {}).items())
     if "log" in script:
