@@ -8,6 +8,10 @@ from TrainConfig's defaults (a new switch, off by default, changes no run's para
 resource is the same, and each --config builds the same TrainConfig and GPTConfig as the one recorded on 336ddaa.
 And once more for issue 22: the train job first checks its shards (``<python> -m speedrun.data.integrity``), then
 ``exec``s the launcher (so that the launcher's parent is Snakemake) and appends to the log; nothing else changed.
+And for issue 21's script variants: the compare jobs name what each side runs (``--describe-baseline``,
+``--describe-candidate``: our model's preset and the settings that differ from the baseline's) and the report job
+every variant's (``--describe``) and the script variants (``--replicates``, none here); every other job, the train
+jobs included, is unchanged.
 """
 
 from __future__ import annotations
