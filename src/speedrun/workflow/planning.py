@@ -34,7 +34,8 @@ from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
 from speedrun.training.config import ComputeDtype, ComputeSettings, DeviceChoice, TrainConfig, resolve_dtype
 from speedrun.training.data import cut_documents_hint, steps_fed
-from speedrun.workflow.script_variants import ScriptSpec, check_script_train_keys, config_path, script_spec
+from speedrun.workflow.script_variants import (SCRIPT_TRAIN_KEYS, ScriptSpec, check_script_train_keys, config_path,
+                                               script_spec)
 
 # Where a refused training setting is written when no variant overrides it.
 SHARED_TRAIN = "the shared `train` section (every variant)"
@@ -159,7 +160,8 @@ class Experiment:
         base = self.variants[self.baseline].train
         if name == self.baseline or base is None:
             return text
-        differs = [f"{k}={v}" for k, v in _flat_settings(variant.train).items() if _flat_settings(base).get(k) != v]
+        base_settings = _flat_settings(base)
+        differs = [f"{k}={v}" for k, v in _flat_settings(variant.train).items() if base_settings.get(k) != v]
         return text + (f"; differs from the baseline in {', '.join(differs)}" if differs else "")
 
     @property
@@ -276,8 +278,8 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
             train = _train_config(settings)
         except SpeedrunError as e:
             raise SpeedrunError(f"{where}: {_where_refused(e, shared, name)}: {e}") from None
-        placement = _placement(where, settings, train, f"variant {name!r}" if {"nodes", "world_size"} &
-                               overrides.keys() else SHARED_TRAIN)
+        placement = _placement(where, settings, train.world_size, train.compute.device,
+                               f"variant {name!r}" if {"nodes", "world_size"} & overrides.keys() else SHARED_TRAIN)
         resolved[name] = Variant(name=name, seeds=tuple(variants[name]["seeds"]), settings=settings, train=train,
                                  params=train_params(train), placement=placement)
     _check_distinct(where, resolved, baseline, variants)
@@ -293,7 +295,7 @@ def _script_variant(where: str, name: str, variant: Mapping[str, Any], settings:
     overrides = variant.get("train") or {}
     check_script_train_keys(where, name, overrides)
     spec = script_spec(where, name, variant["script"], clone)
-    placing = {k: v for k, v in settings.items() if k in ("world_size", "nodes", "device")}
+    placing = {k: v for k, v in settings.items() if k in SCRIPT_TRAIN_KEYS}
     written = f"variant {name!r}" if placing.keys() & overrides.keys() else SHARED_TRAIN
     world_size = placing.get("world_size", TrainConfig.world_size)
     device = placing.get("device", ComputeSettings.device)
@@ -301,13 +303,9 @@ def _script_variant(where: str, name: str, variant: Mapping[str, Any], settings:
         raise SpeedrunError(f"{where}: {written}: train.world_size must be an integer >= 1, got {world_size!r}"
                             f"{number_text_hint(world_size)}")
     if device not in DeviceChoice.__args__:
-        raise SpeedrunError(f"{where}: {written}: train.device must be one of {', '.join(DeviceChoice.__args__)}; got "
-                            f"{device!r}")
-    nodes = placing.get("nodes", Placement.nodes)
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise SpeedrunError(f"{where}: {written}: train.nodes must be an integer >= 1, got {nodes!r}"
-                            f"{number_text_hint(nodes)}")
-    placement = Placement(world_size=world_size, device=device, nodes=nodes)
+        raise SpeedrunError(f"{where}: {written}: train.device must be one of {', '.join(DeviceChoice.__args__)}; "
+                            f"got {device!r}")
+    placement = _placement(where, placing, world_size, device, written)
     if placement.multi_node:
         raise SpeedrunError(f"{where}: {written}: train.nodes is {placement.nodes}, but script variant {name!r} "
                             "runs on one node (speedrun run-script starts torchrun --standalone); set train.nodes "
@@ -386,18 +384,19 @@ def train_params(train: TrainConfig) -> str:
     return json.dumps(train_settings(train), sort_keys=True, separators=(",", ":"))
 
 
-def _placement(where: str, settings: Mapping[str, Any], train: TrainConfig, written: str) -> Placement:
-    """Refuse a ``train.nodes`` that is not an integer >= 1 or does not divide ``train.world_size``
-    (``written``: where the refused values are, a variant or the shared section)."""
+def _placement(where: str, settings: Mapping[str, Any], world_size: int, device: str, written: str) -> Placement:
+    """The placement of ``world_size`` processes on ``device``; refuse a ``train.nodes`` (of ``settings``) that is
+    not an integer >= 1 or does not divide ``world_size`` (``written``: where the refused values are, a variant or
+    the shared section)."""
     nodes = settings.get("nodes", Placement.nodes)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise SpeedrunError(f"{where}: {written}: train.nodes must be an integer >= 1, got "
                             f"{nodes!r}{number_text_hint(nodes)}")
-    if train.world_size % nodes:
-        raise SpeedrunError(f"{where}: {written}: train.world_size {train.world_size} is not a multiple of "
+    if world_size % nodes:
+        raise SpeedrunError(f"{where}: {written}: train.world_size {world_size} is not a multiple of "
                             f"train.nodes {nodes}; expected world_size = nodes x processes per node (every node "
                             "runs the same number)")
-    return Placement(world_size=train.world_size, nodes=nodes, device=train.compute.device)
+    return Placement(world_size=world_size, nodes=nodes, device=device)
 
 
 def _check_distinct(where: str, resolved: Mapping[str, Variant], baseline: str,
