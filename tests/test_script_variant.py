@@ -210,3 +210,14 @@ def test_editing_the_script_reruns_its_variant_only(workflow):
     assert "run_script" in out and "results/train/script/seed2.txt" in out
     assert "results/train/fromlog" not in out and "results/train/baseline" not in out
     assert "rule train:" not in out
+
+
+def test_the_bundle_takes_the_script_runs(workflow):
+    workdir, snakemake = workflow
+    snakemake(workdir, "results/bundle/script")
+    bundle = workdir / "results/bundle/script"
+    assert sorted(p.name for p in (bundle / "candidate").glob("*.txt")) == [f"seed{s}.txt" for s in range(3)]
+    assert (bundle / "candidate/seed0.txt").read_bytes() == (workdir / "results/train/script/seed0.txt").read_bytes()
+    readme = (bundle / "README.md").read_text()
+    assert "What each side runs:\n\n- baseline: our model, preset tiny\n- candidate: script code/train_gpt.py" in readme
+

@@ -52,11 +52,13 @@ SIDES = ("baseline", "candidate")
 
 def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, target: float = DEFAULT_TARGET,
                  alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool",
-                 only: Sequence[str] | None = None, announce: Callable[[str], None] | None = None) -> Path:
+                 only: Sequence[str] | None = None, announce: Callable[[str], None] | None = None,
+                 sides: Mapping[str, str] | None = None) -> Path:
     """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``
     (with ``only``, just the files listed there, as ``speedrun compare --only``: the workflow passes the
     configured seeds, so that a stale run of a removed seed is not bundled). ``announce`` gets each line of the
-    README that names files of a side's folder left out as not runs (the CLI prints them).
+    README that names files of a side's folder left out as not runs (the CLI prints them). ``sides``: what
+    each side runs (``baseline``/``candidate`` -> one line), for the README's rules check.
 
     Returns the folder's path.
 
@@ -81,7 +83,7 @@ def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, 
         names = {side: Path(sources[side].path).name or side for side in SIDES}
         not_bundled = left_out(sources)
         _write_texts(tmp, stats, comparison, names, title or f"{names['candidate']} vs {names['baseline']}",
-                     not_bundled)
+                     not_bundled, sides or {})
         tmp.chmod(0o777 & ~_umask())
         if final.is_dir():
             final.rmdir()
@@ -226,7 +228,7 @@ def left_out(sources: Mapping[str, Group]) -> dict[str, list[tuple[str, str]]]:
 
 
 def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str,
-                 not_bundled: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+                 not_bundled: Mapping[str, Sequence[tuple[str, str]]], sides: Mapping[str, str]) -> None:
     from speedrun.analysis.comparison_tables import vs_baseline_lines
     from speedrun.analysis.tables import statistics_markdown
 
@@ -235,7 +237,7 @@ def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names:
     for side in SIDES:
         write_text(root / side / "statistics.md", statistics_markdown(stats[side], titles[side], extra[side]))
     write_text(root / "README.md", bundle_readme(title, stats["baseline"], stats["candidate"], c, titles,
-                                                 not_bundled))
+                                                 not_bundled, sides))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +250,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help=f"significance level of the one-sided tests (default {DEFAULT_ALPHA})")
     parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
+    parser.add_argument("--describe-baseline", metavar="TEXT",
+                        help="what the baseline runs, one line (the workflow: our model's settings, or a script "
+                             "variant's script path and sha256); shown with the rules check")
+    parser.add_argument("--describe-candidate", metavar="TEXT", help="what the candidate runs, as --describe-baseline")
     parser.add_argument("--split-code", action="store_true",
                         help="split a side by code version too (it must then hold one version)")
     parser.add_argument("--only", nargs="+", metavar="FILE",
@@ -260,6 +266,8 @@ def main(args: argparse.Namespace) -> int:
     check_target(args.target)
     out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
                        title=args.title, code_split="split" if args.split_code else "pool", only=args.only,
-                       announce=lambda line: print(printable(line)))
+                       announce=lambda line: print(printable(line)),
+                       sides={side: text for side, text in (("baseline", args.describe_baseline),
+                                                            ("candidate", args.describe_candidate)) if text})
     print(f"bundle written to {out}")
     return 0
