@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from speedrun import cli
 from speedrun.analysis.provenance import sha256
 from speedrun.analysis.record_code import record_code
 from speedrun.errors import SpeedrunError
+from speedrun.run_script import script_from_log
 from speedrun.workflow.planning import resolve_experiment, shards_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +133,17 @@ def test_two_variants_of_one_script_are_refused(in_tmp):
     cfg["variants"]["again"] = {"seeds": [0], "script": {"path": "code/train_gpt.py"}}
     with pytest.raises(SpeedrunError, match="variants again and record run the same script with the same env"):
         resolve_experiment(cfg)
+
+
+def test_run_script_takes_the_script_and_companions_out_of_the_log(in_tmp):
+    script = script_from_log(in_tmp / "record.txt", in_tmp / "run")
+    assert script == in_tmp / "run/train_gpt.py" and script.read_text() == SCRIPT.read_text()
+    assert (in_tmp / "run/helper.py").read_text() == "X = 1\n"
+    assert cli.main(["run-script", "--log", "record.txt", "--files", "code/helper.py", "--shards-dir", "s",
+                     "--run-dir", "run", "--cache-dir", "c", "--out", "o.txt"]) == 2
+    with pytest.raises(SystemExit):                                  # argparse: --script and --log exclude each other
+        cli.main(["run-script", "--log", "record.txt", "--script", "code/train_gpt.py", "--shards-dir", "s",
+                  "--run-dir", "run", "--cache-dir", "c", "--out", "o.txt"])
 
 
 # ---- the workflow end to end ---------------------------------------------------------------------------------
