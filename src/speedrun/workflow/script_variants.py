@@ -130,9 +130,10 @@ def check_script_train_keys(where: str, name: str, overrides: Mapping[str, Any])
     :data:`SCRIPT_TRAIN_KEYS`), naming the variant and the key."""
     for key in overrides:
         if key not in SCRIPT_TRAIN_KEYS:
+            takes = ", ".join(f"train.{k}" for k in SCRIPT_TRAIN_KEYS)
             raise SpeedrunError(f"{where}: variants.{name}.train.{key}: does not apply to a script variant "
                                 f"(variants.{name}.script runs its own script, which sets its own model, schedule "
-                                f"and data sizes); a script variant takes only train.{', train.'.join(SCRIPT_TRAIN_KEYS)}")
+                                f"and data sizes); a script variant takes only {takes}")
 
 
 def _check_file(where: str, key: str, path: str, what: str) -> None:
