@@ -169,7 +169,7 @@ def stand_ins(tmp_path):
     """A PATH with `torchrun`, `srun` and `scontrol` stand-ins; returns a function running the launcher."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("torchrun", "srun"):
+    for name in ("torchrun", "srun", "speedrun"):
         (bin_dir / name).write_text(RECORDER.format(python=sys.executable))
         (bin_dir / name).chmod(0o755)
     (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$3\" = 'gpu[07-08]' ] && printf 'gpu07\\ngpu08\\n'\n")
@@ -215,6 +215,20 @@ def test_under_a_scheduler_the_job_steps_gpus_are_used_as_given(stand_ins):
     assert done.returncode == 0, done.stderr
     assert record["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and record["args"][:3] == [
         "--standalone", "--nproc-per-node=4", "--no-python"]
+
+
+def test_a_program_with_its_own_torchrun_is_execd_with_the_gpus_and_locks(stand_ins, tmp_path):
+    """A script variant's run (`speedrun run-script`, which starts torchrun itself): exec'd as it is, holding
+    the GPUs' locks and seeing only them, as torchrun would."""
+    program = ["--", "speedrun", "run-script", "--log", "r.txt", "--world-size", "2"]
+    done, record = stand_ins(["run", "--own-torchrun", "--world-size", "2", "--device", "cuda", "--gpu-locks",
+                              str(tmp_path / "locks"), *program], CUDA_VISIBLE_DEVICES="4,6,7")
+    assert done.returncode == 0, done.stderr
+    assert record["program"] == "speedrun" and record["args"] == ["run-script", "--log", "r.txt", "--world-size", "2"]
+    assert record["CUDA_VISIBLE_DEVICES"] == "4,6" and record["held"] == ["gpu-4.lock", "gpu-6.lock"]
+    done, record = stand_ins(["run", "--own-torchrun", "--world-size", "4", "--nodes", "2", "--device", "cuda",
+                              "--gpu-locks", "none", *program], SLURM_JOB_ID="7")
+    assert done.returncode == 2 and record is None and "runs on one node" in done.stderr
 
 
 def test_too_few_gpus_fail_before_torchrun(stand_ins, tmp_path):

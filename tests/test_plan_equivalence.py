@@ -20,6 +20,10 @@ candidate's ten train jobs carry the record's muon_lr 0.023; nothing else change
 The launcher has since moved into the package (``python -m speedrun.workflow.launcher`` for
 ``workflow/scripts/launch_train.py``): tests/plan_snapshot.py records either as ``<launcher>``, so the fixtures
 stand unchanged.
+And for issue 21's script variants: the compare jobs name what each side runs (``--describe-baseline``,
+``--describe-candidate``: our model's preset and the settings that differ from the baseline's) and the report job
+every variant's (``--describe``) and the script variants (``--replicates``, none here); every other job, the train
+jobs included, is unchanged.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The README's YAML blocks that start with a comment `# <name>.yaml` are files the
 them beside the copied workflow. A placeholder config name (`...`) stands for the one real config the README
 runs (`configs/fineweb-8xh100.yaml`). Each command is split as the shell would, its `snakemake` part taken from a
 `&&` chain, `--cores all` and `-n` kept, and planned in a copy of the checkout, so nothing lands in this one.
+A config that reads its inputs from a modded-nanogpt clone (`clone: ~/modded-nanogpt`,
+configs/recursive-from-best.yaml) finds one under a home folder of the test's (HOME): the record logs it names,
+made in the records' layout from a script of ours, and a folder of shards (`fake_clone`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from hub_server import random_documents_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -88,11 +93,34 @@ def checkout(tmp_path_factory) -> Path:
         shutil.copy2(ROOT / name, work / name)
     for name, body in named_yaml_files(README.read_text()).items():
         (work / name).write_text(body)
+    fake_clone(work / "home", work / "configs")
     return work
+
+
+def fake_clone(home: Path, configs: Path) -> None:
+    """Under ``home``, each clone that a config of ``configs`` names (``clone: ~/<folder>``): the record logs
+    of its script variants (a script of ours, tests/data/replicate_script.py, then a line of 100 `=` and a log
+    line, as the records' logs are laid out) and data/fineweb10B with a validation and two train shards."""
+    script = (Path(__file__).parent / "data" / "replicate_script.py").read_text()
+    for path in sorted(configs.glob("*.yaml")):
+        cfg = yaml.safe_load(path.read_text()) or {}
+        if not str(cfg.get("clone", "")).startswith("~/"):
+            continue
+        clone = home / cfg["clone"][2:]
+        for variant in cfg.get("variants", {}).values():
+            log = clone / ((variant or {}).get("script") or {}).get("log", "")
+            if log != clone:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text(script + "\n" + "=" * 100 + "\nstep:0/1 val_loss:10.8 train_time:0ms step_avg:0.00ms\n")
+        shards = clone / cfg["data"]["shards"]["path"]
+        shards.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(("fineweb_val_000000.bin", "fineweb_train_000001.bin", "fineweb_train_000002.bin")):
+            (shards / name).write_bytes(random_documents_shard(i, 4096))
 
 
 def _dry_run(work: Path, cmd: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ)
+    env["HOME"] = str(work / "home")          # where a config's `clone: ~/...` is found (fake_clone)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(work / "src")
     env.pop("PYTHONSAFEPATH", None)

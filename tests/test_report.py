@@ -158,8 +158,12 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
     out = tmp_path / "report"
     args = argparse.Namespace(runs=[str(p) for p in paths], summary=str(tmp_path / "summary.json"),
                               comparisons=[str(tmp_path / "cmp.json")], baseline="baseline", target=6.5,
-                              alpha=0.01, zoom_last_fraction=0.5, out_dir=str(out))
+                              alpha=0.01, zoom_last_fraction=0.5, out_dir=str(out),
+                              describe=["baseline=our model, preset tiny", "candidate=script t.py (sha256 0123)"],
+                              replicates=["candidate"])
     assert report.main(args) == 0
+    assert ("What each variant runs:\n\n- baseline: our model, preset tiny\n- candidate: script t.py (sha256 0123)"
+            "\n\ncandidate: each seed is a replicate.") in (out / "summary.md").read_text()
     for name in ("val_loss.png", "val_loss_band.png", "final_val_loss.png", "distributions.png", "p_value_by_n.png"):
         assert png_ok(out / name), name
     written = pd.read_csv(out / "runs.csv")
@@ -625,7 +629,7 @@ def test_a_zoom_fraction_outside_0_1_is_refused_before_anything_is_written(paths
     (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
     args = argparse.Namespace(runs=[str(p) for p in paths], summary=str(tmp_path / "summary.json"), comparisons=[],
                               baseline="baseline", target=None, alpha=None, zoom_last_fraction=zoom,
-                              out_dir=str(tmp_path / "report"))
+                              out_dir=str(tmp_path / "report"), describe=[], replicates=[])
     with pytest.raises(SpeedrunError, match=r"--zoom-last-fraction must be in \(0, 1\]"):
         report.main(args)
     assert not (tmp_path / "report").exists()

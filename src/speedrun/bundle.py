@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from speedrun.analysis.bundle_folder import build_bundle
-from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
+from speedrun.analysis.options import (add_group_test_options, add_side_description_options,
+                                      check_group_test_options, code_split, side_descriptions)
 from speedrun.support.atomic import printable
 
 
@@ -24,12 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="the bundle folder to create (must not exist)")
     parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
     add_group_test_options(parser, paths="--baseline and --candidate", sides=True)
+    add_side_description_options(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     check_group_test_options(args)
     out = build_bundle(args.baseline, args.candidate, args.out, target=args.target, alpha=args.alpha,
                        title=args.title, code_split=code_split(args), only=args.only,
-                       announce=lambda line: print(printable(line)))
+                       announce=lambda line: print(printable(line)), sides=side_descriptions(args))
     print(f"bundle written to {out}")
     return 0

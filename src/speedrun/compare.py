@@ -19,7 +19,8 @@ Welch test on times):
 * with ``--target``, the fixed-sigma z-rule ``(target - mean) * sqrt(n) >= 0.004`` of each side
   (:func:`speedrun.analysis.tests.z_rule`);
 * the rules check (:mod:`speedrun.analysis.rules`): same train and validation data, validation tokens, world
-  size, GPUs and compile flags; every violation is also a warning. ``val_tokens`` other than 10,485,760 is a
+  size, GPUs and compile flags; every violation is also a warning. With ``--describe-baseline`` /
+  ``--describe-candidate`` it names what each side runs (the JSON's ``runs``). ``val_tokens`` other than 10,485,760 is a
   violation only with ``--target 3.28`` (the public metric), a note otherwise (also without ``--target``).
 """
 
@@ -30,7 +31,8 @@ import json
 
 from speedrun.analysis.comparison import compare_groups, one_group
 from speedrun.analysis.groups import check_only
-from speedrun.analysis.options import add_group_test_options, check_group_test_options, code_split
+from speedrun.analysis.options import (add_group_test_options, add_side_description_options,
+                                      check_group_test_options, code_split, side_descriptions)
 from speedrun.support.atomic import printable, write_json, write_text
 
 
@@ -38,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", metavar="BASELINE", help="baseline runs: a directory, a log or a parsed-run .json")
     parser.add_argument("candidate", metavar="CANDIDATE", help="candidate runs, as BASELINE")
     add_group_test_options(parser, paths="BASELINE and CANDIDATE", sides=True, target=None)
+    add_side_description_options(parser)
     parser.add_argument("--json-out", metavar="FILE", help="also write the comparison as JSON to FILE")
     parser.add_argument("--markdown-out", metavar="FILE", help="also write the comparison as Markdown to FILE")
     parser.add_argument("--json", action="store_true", help="print the JSON instead of the table")
@@ -51,10 +54,12 @@ def main(args: argparse.Namespace) -> int:
     split = code_split(args)
     result = compare_groups(one_group(args.baseline, "BASELINE", split, args.only),
                             one_group(args.candidate, "CANDIDATE", split, args.only), args.alpha, args.target)
+    sides = side_descriptions(args)
+    output = {**result.to_json(), **({"runs": sides} if sides else {})}
     if args.json_out:
-        write_json(args.json_out, result.to_json())
+        write_json(args.json_out, output)
     if args.markdown_out:
-        write_text(args.markdown_out, comparison_markdown(result))
+        write_text(args.markdown_out, comparison_markdown(result, sides))
     # file names that are not UTF-8 as backslash escapes, as in speedrun stats
-    print(printable(json.dumps(result.to_json(), indent=2) if args.json else comparison_text(result)))
+    print(printable(json.dumps(output, indent=2) if args.json else comparison_text(result)))
     return 0

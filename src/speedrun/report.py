@@ -10,7 +10,8 @@ Outputs (all written atomically):
 - ``summary.md``: warnings first (violated rules, doubtful groups); per variant n, mean and std of val_loss,
   the one-sided t-test against the target (never a bare p with fewer than 3 runs), the runs needed for
   p < alpha, the train_time; each candidate against the baseline with its rules check; every run with its
-  status (incomplete runs are listed, never counted); the runs' provenance.
+  status (incomplete runs are listed, never counted); the runs' provenance; with ``--describe``, what each
+  variant runs, and with ``--replicates``, which variants' seeds are replicates (script variants).
 - ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, file, duplicate_of,
   counted).
 - ``val_loss.png``: val_loss against step for every run, whole run and the last part zoomed.
@@ -26,8 +27,8 @@ import argparse
 from pathlib import Path
 
 from speedrun.analysis.group_stats import DEFAULT_ALPHA
-from speedrun.analysis.report_inputs import (check_baseline, check_comparison, check_records, load_runs,
-                                             mark_counted, read_comparison, read_records, read_summary,
+from speedrun.analysis.report_inputs import (check_baseline, check_comparison, check_records, described_variants,
+                                             load_runs, mark_counted, read_comparison, read_records, read_summary,
                                              report_settings)
 from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_loss, plot_p_value_by_n,
                                            plot_val_loss, plot_val_loss_band, val_loss_bands)
@@ -51,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "must be the summary's)")
     parser.add_argument("--zoom-last-fraction", type=float, default=0.5,
                         help="the zoomed val_loss panel shows this last fraction of training (default 0.5)")
+    parser.add_argument("--describe", nargs="*", default=[], metavar="VARIANT=TEXT",
+                        help="what a variant runs, one line each (the workflow: our model's settings, or a script "
+                             "variant's script path and sha256)")
+    parser.add_argument("--replicates", nargs="*", default=[], metavar="VARIANT",
+                        help="variants whose seeds are replicates (script variants: the script draws its own "
+                             "initialization, the seed is not passed to it)")
     parser.add_argument("--out-dir", required=True, help="output folder (results/report)")
 
 
@@ -74,7 +81,8 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with atomic_open(out / "runs.csv") as f:
         runs.to_csv(f, index=False)
-    write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records))
+    write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records,
+                                                  described_variants(args.describe), args.replicates))
     mask = runs["counted"]
     plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction)
     plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", target,

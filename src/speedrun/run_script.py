@@ -1,8 +1,8 @@
 """Stage ``speedrun run-script``: one run of a script variant, a record's own ``train_gpt.py`` (issue 21, item 2).
 
-The script and its companion files (``--script``, ``--files``: e.g. taken out of a record's log by
-:mod:`speedrun.analysis.record_code`) are copied into the run's folder ``--run-dir`` and started there under
-``torchrun --standalone --nproc_per_node=<world size>``, with
+The script and its companion files (``--script``, ``--files``), or those taken out of a record's log
+(``--log``, :mod:`speedrun.analysis.record_code`), are written into the run's folder ``--run-dir`` and started
+there under ``torchrun --standalone --nproc_per_node=<world size>``, with
 
 - the shards of ``--shards-dir`` (``results/shards/<name>/``, read through its ``manifest.json``) laid out as
   the records read them: ``<run-dir>/data/fineweb10B/fineweb_val_000000.bin``, ``fineweb_train_000001.bin``, ...,
@@ -10,6 +10,9 @@ The script and its companion files (``--script``, ``--files``: e.g. taken out of
 - ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` under ``--cache-dir``, shared by the variant's runs so
   that only the first pays the record's compile;
 - the variant's ``--env NAME=VALUE`` settings.
+
+torchrun dies with this stage (Linux's ``PR_SET_PDEATHSIG``, :func:`speedrun.support.stopping.
+request_parent_death_signal`), and its workers with it, so that a killed workflow leaves no orphan run.
 
 The script writes its own log, ``logs/<uuid>.txt`` in its working directory (records #1-#89); that file,
 the one new ``.txt`` there, is the run's log, copied to ``--out``, where the parse stage reads it as any
@@ -22,13 +25,16 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from speedrun.analysis.record_code import MAIN_SCRIPT, record_code
 from speedrun.errors import SpeedrunError
 from speedrun.support.atomic import write_text
+from speedrun.support.stopping import request_parent_death_signal
 
 RECORD_DATA = Path("data/fineweb10B")
 
@@ -82,11 +88,24 @@ def _settings(pairs: Sequence[str]) -> dict[str, str]:
     return settings
 
 
+def script_from_log(log: Path, run_dir: Path) -> Path:
+    """Write the script and companion files of the record log ``log`` (:func:`~speedrun.analysis.record_code.
+    record_code`) into ``run_dir``; return the script's path there. Raises :class:`SpeedrunError` for a
+    missing log or one without code."""
+    if not log.is_file():
+        raise SpeedrunError(f"{log}: a script variant's record log is missing")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in record_code(log.read_text(encoding="utf-8"), str(log)).items():
+        write_text(run_dir / name, body)
+    return run_dir / MAIN_SCRIPT
+
+
 def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: Path, world_size: int,
                cache_dir: Path, settings: Mapping[str, str], out: Path) -> Path:
     """Run ``script`` (with its companion ``files``) as described in the module docstring; copy its log to
-    ``out`` and return ``out``. Raises :class:`SpeedrunError` for a missing file, a script that exits non-zero
-    (its status and torchrun's output file named) or one that leaves no new ``logs/*.txt``, or several."""
+    ``out`` and return ``out``. A script already in ``run_dir`` (:func:`script_from_log`) runs where it is.
+    Raises :class:`SpeedrunError` for a missing file, a script that exits non-zero (its status and torchrun's
+    output file named) or one that leaves no new ``logs/*.txt``, or several."""
     if world_size < 1:
         raise SpeedrunError(f"world_size must be >= 1, got {world_size}")
     for path in (script, *files):
@@ -94,7 +113,8 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
             raise SpeedrunError(f"{path}: a script variant's file is missing")
     run_dir.mkdir(parents=True, exist_ok=True)
     for path in (script, *files):
-        shutil.copyfile(path, run_dir / path.name)
+        if path.resolve() != (run_dir / path.name).resolve():
+            shutil.copyfile(path, run_dir / path.name)
     lay_out_shards(shards_dir, run_dir)
     (cache_dir / "inductor").mkdir(parents=True, exist_ok=True)
     (cache_dir / "triton").mkdir(parents=True, exist_ok=True)
@@ -106,7 +126,7 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
     with open(output, "w") as stream:
         status = subprocess.run(command, cwd=run_dir, env=script_environment(os.environ, run_dir, cache_dir,
                                                                               settings),
-                                stdout=stream, stderr=subprocess.STDOUT).returncode
+                                stdout=stream, stderr=subprocess.STDOUT, preexec_fn=_die_with_this_stage).returncode
     new = sorted(set(logs.glob("*.txt")) - before) if logs.is_dir() else []
     if status != 0:
         raise SpeedrunError(f"{script.name} exited with status {status} (its output: {output})")
@@ -116,9 +136,17 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
     return out
 
 
+def _die_with_this_stage() -> None:
+    """In the torchrun child before it execs: SIGTERM when this stage's process ends (Linux; elsewhere a
+    no-op), as the train rule's torchrun dies with its launcher."""
+    request_parent_death_signal(signal.SIGTERM)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--script", type=Path, required=True, help="the record's train_gpt.py (or any script)")
-    parser.add_argument("--files", type=Path, nargs="*", default=[], help="companion files copied beside it")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--script", type=Path, help="the record's train_gpt.py (or any script)")
+    source.add_argument("--log", type=Path, help="a record's log: its script and companion files are taken out")
+    parser.add_argument("--files", type=Path, nargs="*", default=[], help="companion files copied beside --script")
     parser.add_argument("--shards-dir", type=Path, required=True, help="results/shards/<name> (with manifest)")
     parser.add_argument("--run-dir", type=Path, required=True, help="the script's working directory")
     parser.add_argument("--world-size", type=int, default=1, help="torchrun --nproc_per_node")
@@ -129,8 +157,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``speedrun run-script``: 0 when the script ran and its log is at ``--out``. Raises
-    :class:`SpeedrunError` (status 2) as :func:`run_script`."""
-    run_script(args.script, args.files, args.shards_dir, args.run_dir, args.world_size, args.cache_dir,
-               _settings(args.env), args.out)
+    :class:`SpeedrunError` (status 2) as :func:`run_script` and :func:`script_from_log`, and for ``--files``
+    beside ``--log``."""
+    settings = _settings(args.env)
+    if args.log is not None:
+        if args.files:
+            raise SpeedrunError("--files: not with --log (the companion files are taken out of the log)")
+        script = script_from_log(args.log, args.run_dir)
+    else:
+        script = args.script
+    run_script(script, args.files, args.shards_dir, args.run_dir, args.world_size, args.cache_dir, settings,
+               args.out)
     print(f"wrote {args.out}")
     return 0

@@ -16,8 +16,12 @@ rule bundle:
         alpha=config["stats"]["alpha"],
         baseline=BASELINE,
         only=lambda wildcards, input: " ".join([*input.baseline, *input.candidate]),
+        describe_baseline=EXPERIMENT.describe(BASELINE),
+        describe_candidate=get_description,
     log:
         "logs/bundle/{variant}.log",
     shell:
         "speedrun bundle --baseline results/parse/{params.baseline} --candidate results/parse/{wildcards.variant} "
-        "--only {params.only} --target {params.target} --alpha {params.alpha} --out {output} > {log} 2>&1"
+        "--only {params.only} --target {params.target} --alpha {params.alpha} "
+        "--describe-baseline {params.describe_baseline:q} --describe-candidate {params.describe_candidate:q} "
+        "--out {output} > {log} 2>&1"

@@ -61,6 +61,8 @@ except SpeedrunError as error:
 
 DATASET = EXPERIMENT.dataset
 VARIANTS = list(EXPERIMENT.names)
+MODEL_VARIANTS = list(EXPERIMENT.model_variants)      # trained by the train rule (speedrun train)
+SCRIPT_VARIANTS = list(EXPERIMENT.script_variants)    # run by the run_script rule (speedrun run-script)
 BASELINE = EXPERIMENT.baseline
 CANDIDATES = list(EXPERIMENT.candidates)
 
@@ -69,6 +71,12 @@ wildcard_constraints:
     variant="|".join(VARIANTS),
     seed=r"\d+",
     dataset=DATASET,
+
+
+def variant_pattern(names):
+    """A wildcard constraint that matches exactly the variants `names` (and nothing when there are none), so
+    that one rule makes each variant's logs: the train rule our model's, the run_script rule the scripts'."""
+    return "|".join(names) if names else "(?!)"
 
 
 def code(module):
@@ -143,6 +151,26 @@ def check_multi_node_executor(variant):
         )
 
 
+def get_script(wildcards):
+    """The script of a script variant's run (speedrun.workflow.script_variants.ScriptSpec)."""
+    return get_variant(wildcards).script
+
+
+def get_script_inputs(wildcards):
+    """The script and its companion files, or the record log they come from: editing one reruns the runs."""
+    return get_script(wildcards).inputs
+
+
+def get_script_source(wildcards):
+    """`speedrun run-script`'s --script/--files or --log arguments, shell-quoted."""
+    return shlex.join(get_script(wildcards).source_args)
+
+
+def get_script_env(wildcards):
+    """`speedrun run-script --env` settings (NAME=VALUE), shell-quoted; empty without any."""
+    return shlex.join(get_script(wildcards).env_args)
+
+
 def get_bos_dir(wildcards):
     """The BOS index folder (a checkpoint), after checking that the data can feed the variant's run."""
     try:
@@ -193,6 +221,17 @@ def get_candidate_records(wildcards):
 def get_bundle_logs(wildcards):
     """The training logs a bundle copies: every run of the baseline and of the candidate."""
     return [f"results/train/{v}/seed{s}.txt" for v in (BASELINE, wildcards.variant) for s in get_seeds(v)]
+
+
+def get_description(wildcards):
+    """What the job's variant runs, one line (speedrun.workflow.planning.Experiment.describe): our model's
+    settings that differ from the baseline's, or a script variant's script path and sha256."""
+    return EXPERIMENT.describe(wildcards.variant)
+
+
+def get_descriptions():
+    """`VARIANT=<what it runs>` of every variant, shell-quoted (the report's --describe)."""
+    return shlex.join(f"{v}={EXPERIMENT.describe(v)}" for v in VARIANTS)
 
 
 def get_comparisons():

@@ -50,9 +50,12 @@ rule report:
         alpha=config["stats"]["alpha"],
         baseline=BASELINE,
         zoom=config["report"]["zoom_last_fraction"],
+        describe=get_descriptions(),
+        replicates=" ".join(SCRIPT_VARIANTS),
     log:
         "logs/report/report.log",
     shell:
         "speedrun report --runs {input.records} --summary {input.summary} "
         "--comparisons {input.comparisons} --baseline {params.baseline} --target {params.target} "
-        "--alpha {params.alpha} --zoom-last-fraction {params.zoom} --out-dir results/report > {log} 2>&1"
+        "--alpha {params.alpha} --zoom-last-fraction {params.zoom} --describe {params.describe} "
+        "--replicates {params.replicates} --out-dir results/report > {log} 2>&1"

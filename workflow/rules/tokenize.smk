@@ -11,6 +11,7 @@ import shlex
 
 from speedrun.data.documents import SUFFIXES, document_format
 from speedrun.data.shard_folder import list_shard_folder
+from speedrun.workflow.planning import shards_path
 
 
 def get_document_files():
@@ -43,11 +44,10 @@ if config["data"]["source"] == "files":
 
 
 def get_folder_shards():
-    """The shards of data.shards.path (data.source `shards`): validation first, then train in name order."""
-    if "path" not in config["data"]["shards"]:
-        fail_planning(f"{CONFIG_FILES}: data.source 'shards' needs data.shards.path, the folder of the shards")
+    """The shards of data.shards.path (data.source `shards`; relative to `clone` when given): validation first,
+    then train in name order."""
     try:
-        return [str(p) for p in list_shard_folder(config["data"]["shards"]["path"])]
+        return [str(p) for p in list_shard_folder(shards_path(config))]
     except SpeedrunError as e:
         fail_planning(f"{CONFIG_FILES}: {e}")
 

@@ -22,6 +22,8 @@ rule train:
         shards=get_shards_dir,
         bos=get_bos_dir,
         code=code("speedrun.train"),
+    wildcard_constraints:
+        variant=variant_pattern(MODEL_VARIANTS),  # a script variant's runs: the run_script rule
     params:
         config=get_train_config_json,
         world_size=lambda w: get_placement(w).world_size,

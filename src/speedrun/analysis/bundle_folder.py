@@ -49,11 +49,13 @@ SIDES = ("baseline", "candidate")
 
 def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, target: float = DEFAULT_TARGET,
                  alpha: float = DEFAULT_ALPHA, title: str | None = None, code_split: CodeSplit = "pool",
-                 only: Sequence[str] | None = None, announce: Callable[[str], None] | None = None) -> Path:
+                 only: Sequence[str] | None = None, announce: Callable[[str], None] | None = None,
+                 sides: Mapping[str, str] | None = None) -> Path:
     """Write the bundle folder ``out`` (module docstring) for the runs at ``baseline`` and ``candidate``
     (with ``only``, just the files listed there, as ``speedrun compare --only``: the workflow passes the
     configured seeds, so that a stale run of a removed seed is not bundled). ``announce`` gets each line of the
-    README that names files of a side's folder left out as not runs (the CLI prints them).
+    README that names files of a side's folder left out as not runs (the CLI prints them). ``sides``: what
+    each side runs (``baseline``/``candidate`` -> one line), for the README's rules check.
 
     Returns the folder's path.
 
@@ -78,7 +80,7 @@ def build_bundle(baseline: str, candidate: str, out: str | os.PathLike[str], *, 
         names = {side: Path(sources[side].path).name or side for side in SIDES}
         not_bundled = left_out(sources)
         _write_texts(tmp, stats, comparison, names, title or f"{names['candidate']} vs {names['baseline']}",
-                     not_bundled)
+                     not_bundled, sides or {})
         tmp.chmod(0o777 & ~_umask())
         if final.is_dir():
             final.rmdir()
@@ -223,7 +225,7 @@ def left_out(sources: Mapping[str, Group]) -> dict[str, list[tuple[str, str]]]:
 
 
 def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names: dict[str, str], title: str,
-                 not_bundled: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+                 not_bundled: Mapping[str, Sequence[tuple[str, str]]], sides: Mapping[str, str]) -> None:
     from speedrun.analysis.comparison_tables import vs_baseline_lines
     from speedrun.analysis.tables import statistics_markdown
 
@@ -232,4 +234,4 @@ def _write_texts(root: Path, stats: dict[str, GroupStats], c: Comparison, names:
     for side in SIDES:
         write_text(root / side / "statistics.md", statistics_markdown(stats[side], titles[side], extra[side]))
     write_text(root / "README.md", bundle_readme(title, stats["baseline"], stats["candidate"], c, titles,
-                                                 not_bundled))
+                                                 not_bundled, sides))

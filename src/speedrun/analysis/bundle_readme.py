@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from speedrun.analysis.comparison_tables import STATUS_MARK, welch_line, z_rule_lines
+from speedrun.analysis.comparison_tables import STATUS_MARK, sides_lines, welch_line, z_rule_lines
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.rules import violations
 from speedrun.analysis.snippets import one_sample_snippet, welch_snippet
@@ -123,9 +123,11 @@ def left_out_lines(left_out: Mapping[str, Sequence[tuple[str, str]]]) -> list[st
 
 
 def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Comparison",
-                  titles: Mapping[str, str], left_out: Mapping[str, Sequence[tuple[str, str]]] | None = None) -> str:
+                  titles: Mapping[str, str], left_out: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+                  sides: Mapping[str, str] | None = None) -> str:
     """The bundle's README.md (module docstring). ``left_out``: per side, the files of its folder that are not
-    runs and were not copied, with why (:func:`left_out_lines`)."""
+    runs and were not copied, with why (:func:`left_out_lines`); ``sides``: what each side runs, after the rules
+    check (:func:`~speedrun.analysis.comparison_tables.sides_lines`)."""
     target, alpha = cand.target, cand.alpha
     lines = [f"# {title}", ""]
     lines += warning_lines(c)
@@ -147,6 +149,8 @@ def bundle_readme(title: str, base: "GroupStats", cand: "GroupStats", c: "Compar
     z_lines = [f"- {line}" for line in z_rule_lines(c)]
     lines += ([""] + z_lines if z_lines else []) + ["", "## Rules check", ""] + md_table(["rule", "status", "detail"],
                                                    [[r.rule, STATUS_MARK[r.status], r.detail] for r in c.rules])
+    if sides:
+        lines += ["", "What each side runs:", ""] + sides_lines(sides)
     lines += ["", "## Runs", "", _accounting(base, "baseline"), _accounting(cand, "candidate"),
               *left_out_lines(left_out or {}), "",
               "Counted runs: baseline " + ", ".join(run_label(r.file) for r in base.group.counted) + "; candidate "

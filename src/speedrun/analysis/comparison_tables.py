@@ -8,7 +8,7 @@ candidate ``statistics.md`` ends with :func:`vs_baseline_lines`, the "vs baselin
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.rules import PUBLIC_TARGET
@@ -125,9 +125,15 @@ def comparison_text(c: "Comparison") -> str:
                      + ["  " + line for line in text_table(["rule", "status", "detail"], rules_rows(c))])
 
 
-def comparison_markdown(c: "Comparison") -> str:
+def sides_lines(sides: Mapping[str, str]) -> list[str]:
+    """``- baseline: <what it runs>`` and ``- candidate: ...`` for the sides ``sides`` describes."""
+    return [f"- {side}: {sides[side]}" for side in ("baseline", "candidate") if sides.get(side)]
+
+
+def comparison_markdown(c: "Comparison", sides: Mapping[str, str] | None = None) -> str:
     """``<candidate>.md``: the rule violations first, the Welch tests, differences with 95% CIs, the speedup,
-    the z-rules, the runs not counted (diverged, failed, truncated; duplicates) and the rules check."""
+    the z-rules, the runs not counted (diverged, failed, truncated; duplicates) and the rules check, with what
+    each side runs when ``sides`` (``baseline``/``candidate`` -> one line) says."""
     lines = [f"# {c.candidate.name} vs {c.baseline.name}", ""]
     bad = [r for r in c.rules if r.status == "violation"]
     if bad:
@@ -146,6 +152,8 @@ def comparison_markdown(c: "Comparison") -> str:
     target = "not given" if c.target is None else f"{c.target:g}"
     lines += ["", "## Rules check", "", f"Target {target}; the public metric is 3.28 on 10,485,760 validation "
               "tokens.", ""] + md_table(["rule", "status", "detail"], rules_rows(c))
+    if sides:
+        lines += ["", "What each side runs:", ""] + sides_lines(sides)
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """The command-line options of the stages that test groups of runs (``speedrun stats``, ``compare``, ``bundle``),
 declared once: ``--target``, ``--alpha``, ``--split-code`` and ``--only`` (:func:`add_group_test_options`), their
-check (:func:`check_group_test_options`) and the grouping they ask for (:func:`code_split`).
+check (:func:`check_group_test_options`) and the grouping they ask for (:func:`code_split`); compare's and
+bundle's ``--describe-baseline`` / ``--describe-candidate`` (:func:`add_side_description_options`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,22 @@ def add_group_test_options(parser: argparse.ArgumentParser, *, paths: str, sides
     parser.add_argument("--only", nargs="+", metavar="FILE",
                         help=f"read only these files of {paths} (a directory keeps its group name; the workflow "
                              "passes the configured seeds)")
+
+
+def add_side_description_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--describe-baseline TEXT`` and ``--describe-candidate TEXT`` (compare, bundle): what each side
+    runs, one line, shown with the rules check (the workflow: our model's preset and the settings that differ,
+    or a script variant's script path and sha256); read back with :func:`side_descriptions`."""
+    parser.add_argument("--describe-baseline", metavar="TEXT",
+                        help="what the baseline runs, one line (the workflow: our model's settings, or a script "
+                             "variant's script path and sha256); shown with the rules check")
+    parser.add_argument("--describe-candidate", metavar="TEXT", help="what the candidate runs, as --describe-baseline")
+
+
+def side_descriptions(args: argparse.Namespace) -> dict[str, str]:
+    """``baseline``/``candidate`` -> the text of ``--describe-<side>``, for the sides given one."""
+    return {side: text for side, text in (("baseline", args.describe_baseline),
+                                          ("candidate", args.describe_candidate)) if text}
 
 
 def check_group_test_options(args: argparse.Namespace) -> None:

@@ -355,3 +355,18 @@ def mark_counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd
 def counted(runs: pd.DataFrame, summary: Sequence[Mapping[str, Any]]) -> pd.Series:
     """Boolean mask over ``runs``: complete and not a duplicate (:func:`mark_counted`)."""
     return mark_counted(runs, summary)["counted"]
+
+
+def described_variants(pairs: Sequence[str]) -> dict[str, str]:
+    """``report --describe VARIANT=TEXT`` pairs as variant -> text.
+
+    Raises:
+        SpeedrunError: a pair without ``=`` or without a variant name.
+    """
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise SpeedrunError(f"--describe {pair!r}: expected VARIANT=TEXT")
+        out[name] = text
+    return out

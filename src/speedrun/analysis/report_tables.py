@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from speedrun.analysis.comparison_tables import STATUS_MARK
+from speedrun.analysis.comparison_tables import STATUS_MARK, sides_lines
 from speedrun.analysis.groups import run_label
 from speedrun.analysis.tables import DASH, md_table, provenance_table, status_counts
 from speedrun.analysis.tests import missing_times
@@ -156,6 +156,19 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
             lines += ["", f"Rules check, {c['candidate']} against {c['baseline']}:", ""]
             lines += md_table(["rule", "status", "detail"],
                               [[r["rule"], STATUS_MARK.get(r["status"], r["status"]), r["detail"]] for r in c["rules"]])
+        if c.get("runs"):
+            lines += ["", "What each side runs:", ""] + sides_lines(c["runs"])
+    return lines
+
+
+def described_lines(described: Mapping[str, str], replicates: Sequence[str]) -> list[str]:
+    """What each variant runs (``described``: variant -> one line), and which variants' seeds are replicates
+    (script variants, whose script draws its own initialization)."""
+    lines = [f"- {name}: {text}" for name, text in described.items()]
+    if replicates:
+        lines += ["", f"{', '.join(replicates)}: each seed is a replicate. A script variant runs a script of its "
+                  "own, which draws its own initialization (the seed only names the run), so the spread between its "
+                  "seeds is the script's run-to-run spread."]
     return lines
 
 
@@ -218,9 +231,11 @@ def no_comparison_line(summary: Sequence[Mapping[str, Any]], baseline: str) -> s
 
 def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Mapping[str, Any]],
                    runs: pd.DataFrame, baseline: str, target: float, alpha: float,
-                   records: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The report's Markdown: warnings, variant statistics, candidate-vs-baseline tests and rules, the run
-    table and the runs' provenance (``records``: parsed-run records with their ``variant``)."""
+                   records: Sequence[Mapping[str, Any]] = (), described: Mapping[str, str] | None = None,
+                   replicates: Sequence[str] = ()) -> str:
+    """The report's Markdown: warnings, variant statistics (with what each variant runs, ``described``, and
+    which variants' seeds are ``replicates``), candidate-vs-baseline tests and rules, the run table and the runs'
+    provenance (``records``: parsed-run records with their ``variant``)."""
     lines = ["# Speedrun experiment", "",
              f"Target val_loss {target}; a variant reaches it when the one-sided one-sample t-test of mean val_loss "
              f"< {target} gives p < {alpha} with at least 3 counted runs (`scipy.stats.ttest_1samp(x, {target}, "
@@ -231,6 +246,8 @@ def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[M
     if warnings:
         lines += ["## Warnings", ""] + warnings + [""]
     lines += ["## Variants", ""] + variants_lines(summary, alpha)
+    if described or replicates:
+        lines += ["", "What each variant runs:", ""] + described_lines(described or {}, replicates)
     lines += ["", f"## Candidates against the baseline ({baseline})", ""]
     lines += (render_comparisons(comparisons, summary, alpha) if comparisons
               else [no_comparison_line(summary, baseline)])

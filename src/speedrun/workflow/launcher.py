@@ -1,7 +1,9 @@
 """Launch one training run of the `train` rule: torchrun on one machine, or one torchrun per node of a Slurm job.
 
 The train rule runs ``python -m speedrun.workflow.launcher run --world-size W --nodes N --device D --gpu-locks DIR
--- speedrun train ...`` (``TRAIN_LAUNCHER`` of workflow/rules/common.smk). What it starts depends on where it runs:
+-- speedrun train ...`` (``TRAIN_LAUNCHER`` of workflow/rules/common.smk); the run_script rule the same with
+``--own-torchrun -- speedrun run-script ...``, a program that starts its own torchrun, exec'd with the GPUs, locks
+and environment a one-node run gets. What it starts depends on where it runs:
 
 - one node (``--nodes 1``): ``torchrun --standalone --nproc-per-node=W --no-python speedrun train ...``. On the
   local executor (``--gpu-locks DIR``) a GPU run first takes W free GPUs of this machine through lock files and
@@ -275,11 +277,13 @@ Plan = tuple[list[str], dict[str, str], list[int]]
 
 
 def plan_one_node(device: Device, nproc: int, program: Sequence[str], gpu_locks: str, env: Mapping[str, str],
-                  label: str = "") -> Plan:
+                  label: str = "", own_torchrun: bool = False) -> Plan:
     """(command, environment, lock fds to keep open) of a one-node run. A CPU run sees no GPU. With
     ``gpu_locks`` a folder, a GPU run waits for and takes its GPUs there and sees only them; with ``none`` it
-    uses the GPUs its environment shows (those Slurm gave the job step)."""
-    command = standalone_command(nproc, program)
+    uses the GPUs its environment shows (those Slurm gave the job step). ``own_torchrun``: the program starts
+    its own torchrun of ``nproc`` processes (``speedrun run-script``, a script variant's run) and is exec'd
+    as it is, with the same GPUs, locks and environment."""
+    command = list(program) if own_torchrun else standalone_command(nproc, program)
     if device == "cpu":
         return command, process_env(env, gpus=[]), []
     if gpu_locks == "none":
@@ -296,7 +300,11 @@ def launch(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     """The train rule's entry: what to exec for ``args`` (see the module docstring)."""
     placement = Placement(args.world_size, args.nodes)
     if placement.nodes == 1:
-        return plan_one_node(args.device, placement.per_node, args.program, args.gpu_locks, env, args.label)
+        return plan_one_node(args.device, placement.per_node, args.program, args.gpu_locks, env, args.label,
+                             args.own_torchrun)
+    if args.own_torchrun:
+        raise LaunchError(f"--own-torchrun with {placement.nodes} nodes: a program that starts its own torchrun "
+                          "(a script variant) runs on one node")
     if "SLURM_JOB_ID" not in env:
         raise LaunchError(f"train.nodes is {placement.nodes}: a multi-node run starts inside a Slurm job that "
                           "holds the nodes (snakemake --profile profiles/slurm-multinode); this is not one")
@@ -326,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--gpu-locks", required=True,
                      help="folder of the GPU lock files (local executor), or `none` (the scheduler assigns GPUs)")
     run.add_argument("--label", default="", help="written into the lock files (e.g. the run's output path)")
+    run.add_argument("--own-torchrun", action="store_true",
+                     help="the program starts its own torchrun (speedrun run-script): exec it without one")
     agent_parser = sub.choices["agent"]
     agent_parser.add_argument("--endpoint", help="host:port of the c10d rendezvous (default: from Slurm)")
     agent_parser.add_argument("--rdzv-id", help="rendezvous id, the same on every node (default: from Slurm)")

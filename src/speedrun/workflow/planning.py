@@ -32,8 +32,10 @@ from speedrun.workflow.messages import more_data_hint, schema_value_hint
 from speedrun.model.config import PRESETS
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
-from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
+from speedrun.training.config import ComputeDtype, ComputeSettings, DeviceChoice, TrainConfig, resolve_dtype
 from speedrun.training.data import cut_documents_hint, steps_fed
+from speedrun.workflow.script_variants import (SCRIPT_TRAIN_KEYS, ScriptSpec, check_script_train_keys, config_path,
+                                               script_spec)
 
 # Where a refused training setting is written when no variant overrides it.
 SHARED_TRAIN = "the shared `train` section (every variant)"
@@ -101,14 +103,19 @@ class Variant:
     (``settings``: ``train`` merged with the variant's overrides, ``nodes`` included), resolved once
     (``train``: the :class:`TrainConfig` ``speedrun train`` builds from ``params``, its dtype resolved for a
     ``cpu`` or ``cuda`` device), ``params`` (the canonical JSON the train rule passes, :func:`train_params`)
-    and its ``placement``."""
+    and its ``placement``.
+
+    A script variant (``script``, :class:`~speedrun.workflow.script_variants.ScriptSpec`) has no ``train``
+    (None): its script sets its own model and schedule; ``settings`` holds only the keys that place it
+    (world_size, nodes, device) and ``params`` is its spec's JSON."""
 
     name: str
     seeds: tuple[int, ...]
     settings: Mapping[str, Any]
-    train: TrainConfig
+    train: TrainConfig | None
     params: str
     placement: Placement
+    script: ScriptSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,32 @@ class Experiment:
     def seeds(self, name: str) -> tuple[int, ...]:
         return self.variant(name).seeds
 
+    def describe(self, name: str) -> str:
+        """What variant ``name`` runs, one line for the comparison and the report: a script variant's script,
+        path and sha256 (:meth:`~speedrun.workflow.script_variants.ScriptSpec.describe`); for our model
+        ``our model, preset <p>`` and, against a baseline of our model, the settings that differ from the
+        baseline's (``muon_lr=0.04``, a model setting as ``model.<key>``)."""
+        variant = self.variant(name)
+        if variant.script is not None:
+            return variant.script.describe()
+        text = f"our model, preset {variant.train.preset}"
+        base = self.variants[self.baseline].train
+        if name == self.baseline or base is None:
+            return text
+        base_settings = _flat_settings(base)
+        differs = [f"{k}={v}" for k, v in _flat_settings(variant.train).items() if base_settings.get(k) != v]
+        return text + (f"; differs from the baseline in {', '.join(differs)}" if differs else "")
+
+    @property
+    def script_variants(self) -> tuple[str, ...]:
+        """The variants that run a script of their own (``variants.<name>.script``), config order."""
+        return tuple(v.name for v in self.variants.values() if v.script is not None)
+
+    @property
+    def model_variants(self) -> tuple[str, ...]:
+        """The variants that train our model (``speedrun train``), config order."""
+        return tuple(v.name for v in self.variants.values() if v.script is None)
+
     @property
     def runs(self) -> list[tuple[str, int]]:
         """Every (variant, seed), in config order."""
@@ -172,12 +205,23 @@ class Experiment:
         """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed
         (:func:`check_training_data`); variants of the same data shape (:data:`DATA_SHAPE_KEYS`) are checked
         once."""
+        if self.variant(variant).train is None:           # a script variant: its script reads the shards itself
+            return
         settings = json.loads(json.dumps(self.variant(variant).train.settings()))     # every setting, JSON values
         key = (json.dumps([settings[k] for k in DATA_SHAPE_KEYS]), str(shards_dir), str(bos_dir))
         if key not in self._data_checked:
             check_training_data(settings, shards_dir, bos_dir, what=f"{self.where}: variant {variant!r}",
                                 corpus_fixed=self.corpus_fixed)
             self._data_checked.add(key)
+
+
+def _flat_settings(train: TrainConfig) -> dict[str, str]:
+    """Every setting of ``train`` as ``key -> JSON value``, the model's as ``model.<key>``, in declaration order."""
+    settings = json.loads(json.dumps(train.settings()))
+    model = settings.pop("model")
+    flat = {k: json.dumps(v, sort_keys=True) for k, v in settings.items()}
+    flat.update({f"model.{k}": json.dumps(v, sort_keys=True) for k, v in model.items()})
+    return flat
 
 
 def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,7 +246,9 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
             is written, ``train.<key>`` or ``variants.<variant>.train.<key>``); a setting ``speedrun train``
             would refuse (naming the variant, or the shared ``train`` section when every variant fails the same
             way there); a ``train.world_size`` that does not split over ``train.nodes``; two variants with the
-            same resolved settings.
+            same resolved settings; for a script variant (:mod:`speedrun.workflow.script_variants`): a bad
+            ``script`` mapping or a missing file, a key of its ``train`` that does not apply to a script, more
+            than one node.
     """
     variants, baseline = config["variants"], config["stats"]["baseline"]
     names = list(variants)
@@ -225,17 +271,56 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
     for name in names:
         overrides = variants[name].get("train") or {}
         settings = merge(shared, overrides)
+        if "script" in variants[name]:
+            resolved[name] = _script_variant(where, name, variants[name], settings, config.get("clone"))
+            continue
         try:
             train = _train_config(settings)
         except SpeedrunError as e:
             raise SpeedrunError(f"{where}: {_where_refused(e, shared, name)}: {e}") from None
-        placement = _placement(where, settings, train, f"variant {name!r}" if {"nodes", "world_size"} &
-                               overrides.keys() else SHARED_TRAIN)
+        placement = _placement(where, settings, train.world_size, train.compute.device,
+                               f"variant {name!r}" if {"nodes", "world_size"} & overrides.keys() else SHARED_TRAIN)
         resolved[name] = Variant(name=name, seeds=tuple(variants[name]["seeds"]), settings=settings, train=train,
                                  params=train_params(train), placement=placement)
     _check_distinct(where, resolved, baseline, variants)
     return Experiment(where=where, dataset=config["data"]["name"], variants=resolved, baseline=baseline,
                       corpus_fixed=config["data"]["source"] == "embedded")
+
+
+def _script_variant(where: str, name: str, variant: Mapping[str, Any], settings: Mapping[str, Any],
+                    clone: str | None) -> Variant:
+    """A script variant (:mod:`speedrun.workflow.script_variants`): its script resolved and its processes placed
+    from the train settings that apply (``settings``: the shared ``train`` with the variant's overrides); its
+    own ``train`` may hold only those keys. One node: ``speedrun run-script`` starts ``torchrun --standalone``."""
+    overrides = variant.get("train") or {}
+    check_script_train_keys(where, name, overrides)
+    spec = script_spec(where, name, variant["script"], clone)
+    placing = {k: v for k, v in settings.items() if k in SCRIPT_TRAIN_KEYS}
+    written = f"variant {name!r}" if placing.keys() & overrides.keys() else SHARED_TRAIN
+    world_size = placing.get("world_size", TrainConfig.world_size)
+    device = placing.get("device", ComputeSettings.device)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise SpeedrunError(f"{where}: {written}: train.world_size must be an integer >= 1, got {world_size!r}"
+                            f"{number_text_hint(world_size)}")
+    if device not in DeviceChoice.__args__:
+        raise SpeedrunError(f"{where}: {written}: train.device must be one of {', '.join(DeviceChoice.__args__)}; "
+                            f"got {device!r}")
+    placement = _placement(where, placing, world_size, device, written)
+    if placement.multi_node:
+        raise SpeedrunError(f"{where}: {written}: train.nodes is {placement.nodes}, but script variant {name!r} "
+                            "runs on one node (speedrun run-script starts torchrun --standalone); set train.nodes "
+                            "to 1 for it")
+    return Variant(name=name, seeds=tuple(variant["seeds"]), settings=placing, train=None, params=spec.params,
+                   placement=placement, script=spec)
+
+
+def shards_path(config: Mapping[str, Any]) -> str:
+    """``data.shards.path`` as the workflow reads it: relative to the config's ``clone`` folder when it names
+    one (:func:`~speedrun.workflow.script_variants.config_path`). Raises :class:`SpeedrunError` when the key
+    is missing."""
+    if "path" not in config["data"]["shards"]:
+        raise SpeedrunError("data.source 'shards' needs data.shards.path, the folder of the shards")
+    return config_path(config["data"]["shards"]["path"], config.get("clone"))
 
 
 def _check_known_keys(where: str, sections: list[tuple[str, Mapping[str, Any]]]) -> None:
@@ -299,18 +384,19 @@ def train_params(train: TrainConfig) -> str:
     return json.dumps(train_settings(train), sort_keys=True, separators=(",", ":"))
 
 
-def _placement(where: str, settings: Mapping[str, Any], train: TrainConfig, written: str) -> Placement:
-    """Refuse a ``train.nodes`` that is not an integer >= 1 or does not divide ``train.world_size``
-    (``written``: where the refused values are, a variant or the shared section)."""
+def _placement(where: str, settings: Mapping[str, Any], world_size: int, device: str, written: str) -> Placement:
+    """The placement of ``world_size`` processes on ``device``; refuse a ``train.nodes`` (of ``settings``) that is
+    not an integer >= 1 or does not divide ``world_size`` (``written``: where the refused values are, a variant or
+    the shared section)."""
     nodes = settings.get("nodes", Placement.nodes)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise SpeedrunError(f"{where}: {written}: train.nodes must be an integer >= 1, got "
                             f"{nodes!r}{number_text_hint(nodes)}")
-    if train.world_size % nodes:
-        raise SpeedrunError(f"{where}: {written}: train.world_size {train.world_size} is not a multiple of "
+    if world_size % nodes:
+        raise SpeedrunError(f"{where}: {written}: train.world_size {world_size} is not a multiple of "
                             f"train.nodes {nodes}; expected world_size = nodes x processes per node (every node "
                             "runs the same number)")
-    return Placement(world_size=train.world_size, nodes=nodes, device=train.compute.device)
+    return Placement(world_size=world_size, nodes=nodes, device=device)
 
 
 def _check_distinct(where: str, resolved: Mapping[str, Variant], baseline: str,
@@ -325,6 +411,9 @@ def _check_distinct(where: str, resolved: Mapping[str, Variant], baseline: str,
             overrides = json.dumps(variants[name].get("train") or {}, sort_keys=True)
             must = ("a candidate must differ from the baseline" if other == baseline
                     else "each variant must differ from the others")
+            if resolved[name].script is not None:
+                raise SpeedrunError(f"{where}: variants {name} and {other} run the same script with the same env "
+                                    f"({resolved[name].script.describe()}); {must}")
             raise SpeedrunError(f"{where}: variants {name} and {other} resolve to the same train settings: "
                                 f"variants.{name}.train {overrides} changes nothing (each value is that of `train` "
                                 f"or TrainConfig's default); {must}")
