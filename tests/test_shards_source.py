@@ -9,24 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from cluster_support import copy_workflow, micro_config
 from hub_server import random_documents_shard, shard_bytes
 
 from speedrun.data.shard_folder import list_shard_folder
 from speedrun.errors import SpeedrunError
 from speedrun.tokenize import import_pretokenized
-
-ROOT = Path(__file__).resolve().parents[1]
-MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
-
-
 
 GOOD = {"fineweb_val_000000.bin": random_documents_shard(0, 6000),
         "fineweb_train_000002.bin": random_documents_shard(2, 9000),    # written before 000001: name order decides
@@ -89,16 +83,8 @@ def test_in_place_refuses_a_token_outside_gpt2(tmp_path):
 
 
 def _workflow(tmp_path: Path, shards_path: str) -> Path:
-    work = tmp_path / "workflow"
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    work.mkdir()
-    shutil.copy(ROOT / "Snakefile", work / "Snakefile")
-    shutil.copytree(ROOT / "workflow", work / "workflow", ignore=ignore)
-    shutil.copytree(ROOT / "src", work / "src", ignore=ignore)
-    cfg = yaml.safe_load(MICRO.read_text())
-    cfg["data"] = {"source": "shards", "name": "fw", "shards": {"path": shards_path}}
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return work
+    data = {"source": "shards", "name": "fw", "shards": {"path": shards_path}}
+    return copy_workflow(tmp_path / "workflow", micro_config(data=data))
 
 
 def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:

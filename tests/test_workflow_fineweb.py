@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from cluster_support import copy_workflow, micro_config
 from hub_server import HubServer, fineweb_parquet_bytes, random_documents_shard, shard_bytes
 
 from speedrun.data.tokenizer import gpt2_encoding
 
-ROOT = Path(__file__).resolve().parents[1]
-MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
 RAW, GPT2 = "HuggingFaceFW/fineweb", "kjj0/fineweb10B-gpt2"
 SHARD_TOKENS = 4096
 
@@ -69,16 +67,7 @@ def hub():
 
 
 def make_workflow(tmp_path: Path, data: dict) -> Path:
-    workdir = tmp_path / "workflow"
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    workdir.mkdir()
-    shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
-    shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
-    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
-    cfg = yaml.safe_load(MICRO.read_text())
-    cfg["data"] = data
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return workdir
+    return copy_workflow(tmp_path / "workflow", micro_config(data=data))
 
 
 def snakemake(workdir: Path, hub: HubServer, *args: str, check: bool = True) -> subprocess.CompletedProcess:
