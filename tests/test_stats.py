@@ -70,6 +70,15 @@ def record(file, val_loss, time_ms, *, status="complete", steps=100, seed=None, 
                      content_hash=h or file, curve_hash=file)
 
 
+def stats_in_two_orders(runs: list[tuple[float, float]], rnd) -> tuple[dict, dict]:
+    """The ``group_stats`` JSON (target 3.28) of one group of ``runs`` (val_loss, time_ms), first in the given
+    order, then shuffled by ``rnd``."""
+    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
+    shuffled = records[:]
+    rnd.shuffle(shuffled)
+    return tuple(group_stats(Group("g", "g", "g", tuple(rs)), 3.28).to_json() for rs in (records, shuffled))
+
+
 runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), min_size=2, max_size=20).filter(
     lambda rs: np.ptp([r[0] for r in rs]) > 1e-6)
 
@@ -77,11 +86,7 @@ runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), mi
 @settings(max_examples=40, deadline=None)
 @given(runs_strategy, st.randoms())
 def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
-    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
-    shuffled = records[:]
-    rnd.shuffle(shuffled)
-    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    a, b = stats_in_two_orders(runs, rnd)
     for key in ("n", "val_loss_mean", "val_loss_std", "p_value", "train_time_mean_s", "train_time_std_s"):
         assert a[key] == pytest.approx(b[key], rel=1e-9)
     times_ms = np.array([t for _, t in runs])
@@ -505,11 +510,7 @@ def test_runs_needed_in_summary(tmp_path):
 @settings(max_examples=30, deadline=None)
 @given(runs_strategy, st.randoms())
 def test_runs_needed_ignores_run_order(runs, rnd):
-    records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
-    shuffled = records[:]
-    rnd.shuffle(shuffled)
-    a = group_stats(Group("g", "g", "g", tuple(records)), 3.28).to_json()
-    b = group_stats(Group("g", "g", "g", tuple(shuffled)), 3.28).to_json()
+    a, b = stats_in_two_orders(runs, rnd)
     assert (a["runs_needed"], a["runs_for_power"]) == (b["runs_needed"], b["runs_for_power"])
 
 
