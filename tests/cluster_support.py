@@ -19,10 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
 
 
-def micro_config(variants: dict) -> dict:
-    """tests/data/micro-config.yaml with its variants replaced by ``variants``."""
+def micro_config(variants: dict | None = None, data: dict | None = None) -> dict:
+    """tests/data/micro-config.yaml with its variants replaced by ``variants`` and its ``data`` section by
+    ``data`` (each kept where None)."""
     cfg = yaml.safe_load(MICRO.read_text())
-    cfg["variants"] = copy.deepcopy(variants)
+    for key, value in (("variants", variants), ("data", data)):
+        if value is not None:
+            cfg[key] = copy.deepcopy(value)
     return cfg
 
 

@@ -23,6 +23,7 @@ from speedrun.model.fp8 import E4M3, E4M3_MAX, quantize
 from speedrun.model.fp8_mlp import DelayedFP8WeightCache, fp8_mlp_reference, next_post_scale
 from speedrun.model.gpt import GPT
 from speedrun.model.mlp import MLP
+from triton_interpreter import config_runs, interpreted_fixture, save_every_config
 
 # e4m3 keeps 3 mantissa bits: x, W1, post and W2 each rounded (<= 2^-4 relative per element) gives a whole-
 # matrix relative error of a few percent against the exact product (0.066 in test_model_switches).
@@ -231,31 +232,24 @@ def _interpreter_child(out_path) -> None:
     a post scale small enough that the largest values saturate; inputs and results saved to out_path."""
     from speedrun.kernels import relu_square_mlp as kernels
 
-    results = {}
-    for index, config in enumerate(kernels._FP8_CONFIGS):
-        kernels._relu_square_fp8_kernel.configs = [config]
-        for name, (tokens, dim, hidden) in INTERPRETED.items():
-            x, w1, _, _ = random_mlp_inputs(tokens, dim, hidden, seed=index)
-            (x8, x_scale), (w8, w_scale) = quantize(x), quantize(w1)
-            post_scale = torch.tensor(0.004)                              # 448 · 0.004 = 1.79: some saturate
-            got = kernels.relu_square_matmul_fp8(x8, w8, x_scale * w_scale, post_scale)
-            results[(index, name)] = {"inputs": (x8, x_scale, w8, w_scale, post_scale), "got": got}
-    torch.save(results, out_path)
+    def run_case(index, config, case):
+        tokens, dim, hidden = case
+        x, w1, _, _ = random_mlp_inputs(tokens, dim, hidden, seed=index)
+        (x8, x_scale), (w8, w_scale) = quantize(x), quantize(w1)
+        post_scale = torch.tensor(0.004)                                  # 448 · 0.004 = 1.79: some saturate
+        got = kernels.relu_square_matmul_fp8(x8, w8, x_scale * w_scale, post_scale)
+        return {"inputs": (x8, x_scale, w8, w_scale, post_scale), "got": got}
+
+    save_every_config(out_path, kernels._FP8_CONFIGS, [kernels._relu_square_fp8_kernel], INTERPRETED, run_case)
 
 
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory) -> dict:
-    from triton_interpreter import interpreted_results
-
-    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
+interpreted = interpreted_fixture(__file__)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(INTERPRETED))
 def test_interpreted_fp8_kernel_matches_float64_with_every_config(interpreted, case):
-    runs = [run for key, run in interpreted.items() if key[1] == case]
-    assert len(runs) >= 2                                               # every autotune config ran
-    for run in runs:
+    for _, run in config_runs(interpreted, case):                     # every autotune config ran
         x8, x_scale, w8, w_scale, post_scale = run["inputs"]
         post, post8, partial_amax = run["got"]
         pre = (x8.double() * float(x_scale)) @ (w8.double() * float(w_scale)).t()

@@ -29,7 +29,7 @@ import torch
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig
 from speedrun.model.mlp import MLP
-from triton_interpreter import interpreted_results
+from triton_interpreter import config_runs, interpreted_fixture, save_every_config
 
 # name -> (x shape, F, layout): several tiles with partial last rows and columns, K = C = 128 a multiple of
 # BLOCK_K; C = 96 and C = 32 (masked K); transposed (non-contiguous) x, weights, g_out and post; a 3-D x;
@@ -116,27 +116,21 @@ def _interpreter_child(out_path: Path) -> None:
     """In the child (TRITON_INTERPRET=1): every case with every autotune config, saved to ``out_path``."""
     from speedrun.kernels import relu_square_mlp as kernels
 
-    results = {}
-    for index, config in enumerate(kernels._CONFIGS):
-        kernels._relu_square_kernel.configs = [config]
-        kernels._relu_square_grad_kernel.configs = [config]
-        for name, (shape, hidden, layout) in CASES.items():
-            inputs = random_inputs(shape, hidden, layout, torch.float16, seed=index)
-            results[(index, name)] = {"config": str(config), "inputs": inputs, "got": run_fused(*inputs)}
-    torch.save(results, out_path)
+    def run_case(index, config, case):
+        inputs = random_inputs(*case, torch.float16, seed=index)                      # case: shape, F, layout
+        return {"config": str(config), "inputs": inputs, "got": run_fused(*inputs)}
+
+    save_every_config(out_path, kernels._CONFIGS, [kernels._relu_square_kernel, kernels._relu_square_grad_kernel],
+                      CASES, run_case)
 
 
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory) -> dict:
-    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
+interpreted = interpreted_fixture(__file__)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_interpreted_kernels_match_float64_reference_with_every_config(interpreted, case):
-    runs = [(key[0], run) for key, run in interpreted.items() if key[1] == case]
-    assert len(runs) >= 2                                             # every autotune config ran
-    for index, run in runs:
+    for index, run in config_runs(interpreted, case):                # every autotune config ran
         assert_matches_reference(run["inputs"], run["got"], torch.float16, f"config {index} {run['config']}")
 
 

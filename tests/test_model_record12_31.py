@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from preset_sizes import ATTENTION_PARAMS, MLP_PARAMS, C, V, meta_presets, parameter_count
 
 from speedrun.errors import SpeedrunError
 from speedrun.model.attention import PackedDocuments
@@ -204,15 +205,11 @@ def test_record12_and_record31_presets_hold_the_records_architecture():
 
 
 def test_record12_and_record31_parameter_counts_by_hand():
-    c, v, hidden = 768, 50304, 3072
-    attention, mlp = 4 * c * c, 2 * c * hidden
-    with torch.device("meta"):
-        r12, r31 = GPT(PRESETS["record12"]), GPT(PRESETS["record31"])
-    count = lambda m: sum(p.numel() for p in m.parameters())                       # noqa: E731
+    r12, r31 = meta_presets("record12", "record31")
     # embed + head; 12 attentions and MLPs; x0 lambdas; 6 U-net weights; 11 value-residual λ (not layer 0's)
-    assert count(r12) == 2 * v * c + 12 * (attention + mlp) + 24 + 6 + 11
+    assert parameter_count(r12) == 2 * V * C + 12 * (ATTENTION_PARAMS + MLP_PARAMS) + 24 + 6 + 11
     # embed + head + 3 value tables; 11 attentions with (6, 12) gates and (2,) SA lambdas; 11 MLPs; x0 λ; U-net
-    assert count(r31) == 5 * v * c + 11 * (attention + 72 + 2) + 11 * mlp + 24 + 6
+    assert parameter_count(r31) == 5 * V * C + 11 * (ATTENTION_PARAMS + 72 + 2) + 11 * MLP_PARAMS + 24 + 6
     assert r31.blocks[0].mlp is None and r31.blocks[7].attn is None and r31.blocks[7].mlp is not None
     kinds = r12.parameter_kinds()
     assert kinds["blocks.3.attn.value_residual_lambda"] == "scalar" and kinds["embed.weight"] == "embed"

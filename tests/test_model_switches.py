@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from preset_sizes import ATTENTION_PARAMS, MLP_PARAMS, C, V, meta_presets, parameter_count
 from torch import nn
 
 import speedrun.model.gpt as gpt_module
@@ -321,17 +322,15 @@ def test_record28_preset_is_the_sparse_attention_gate_record():
 
 
 def test_preset_parameter_counts_by_hand():
-    c, v, hidden = 768, 50304, 3072
-    attention, mlp = 4 * c * c, 2 * c * hidden
-    with torch.device("meta"):
-        record28, wide = GPT(PRESETS["record28"]), GPT(PRESETS["gpt124m"])
-    count = lambda m: sum(p.numel() for p in m.parameters())                       # noqa: E731
+    record28, wide = meta_presets("record28", "gpt124m")
     # embed + head + 3 value tables; 11 attentions with (6, 12) gates and (2,) value lambdas, 12 MLPs; x0
     # lambdas; 6 U-net weights
-    assert count(record28) == 2 * v * c + 3 * v * c + 11 * (attention + 72 + 2) + 12 * mlp + 24 + 6
+    assert parameter_count(record28) == (2 * V * C + 3 * V * C + 11 * (ATTENTION_PARAMS + 72 + 2) + 12 * MLP_PARAMS
+                                         + 24 + 6)
     # embed + head + 5 value tables + bigram table and gates; 10 gated attentions, 11 MLPs and x0 lambdas;
     # 5 (6, 12) value-embedding gates; smear; skip; backout λ
-    assert count(wide) == 7 * v * c + 377280 * c + 11 + 10 * (attention + 72) + 11 * (mlp + 2) + 5 * 72 + 13 + 1 + 1
+    assert parameter_count(wide) == (7 * V * C + 377280 * C + 11 + 10 * (ATTENTION_PARAMS + 72)
+                                     + 11 * (MLP_PARAMS + 2) + 5 * 72 + 13 + 1 + 1)
     kinds = wide.parameter_kinds()
     assert set(kinds) == {n for n, _ in wide.named_parameters()}
     assert {n for n, k in kinds.items() if k == "matrix"} == {

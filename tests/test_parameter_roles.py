@@ -1,6 +1,7 @@
-"""Parameter roles (speedrun.model.roles): the modules declare which of their parameters the optimizers treat
-apart (the MLP its fc and proj weights, the attention its output gate's), GPT.parameter_roles counts them
-against the config, and the optimizer groups follow the roles, not the parameters' names."""
+"""Parameter roles (speedrun.model.roles): the modules declare which of their parameters the optimizers and the
+initialization treat apart (the MLP its fc and proj weights, the attention its q, k, v weights and its output
+gate's), GPT.parameter_roles counts them against the config, and the optimizer groups and record #12's
+re-initialized matrices follow the roles, not the parameters' names."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from speedrun.model.block import CausalSelfAttention
 from speedrun.model.config import PRESETS, build_model_config
 from speedrun.model.gpt import GPT
+from speedrun.model.init import init_torch_linear_inputs_
 from speedrun.model.mlp import MLP
 from speedrun.model.roles import PARAM_ROLES, check_role_layers, declared_roles
 from speedrun.optim.groups import OptimConfig, build_optimizers, check_roles, muon_param_groups
@@ -31,13 +34,17 @@ def test_every_preset_declares_one_mlp_pair_per_mlp_and_one_gate_per_gated_atten
     roles = model.parameter_roles()
     params = dict(model.named_parameters())
     mlps = [b.mlp for b in model.blocks if b.mlp is not None]
-    gates = [b.attn.gate for b in model.blocks if b.attn is not None and b.attn.gate is not None]
+    attns = [b.attn for b in model.blocks if b.attn is not None]
+    gates = [a.gate for a in attns if a.gate is not None]
     assert sorted(roles) == sorted(PARAM_ROLES)
+    assert [params[n] for n in roles["attention_input"]] == [w for a in attns for w in (a.q.weight, a.k.weight,
+                                                                                       a.v.weight)]
     assert [params[n] for n in roles["mlp_fc"]] == [m.fc.weight for m in mlps]
     assert [params[n] for n in roles["mlp_proj"]] == [m.proj.weight for m in mlps]
     assert [params[n] for n in roles["attention_gate"]] == [g.weight for g in gates]
     config = model.config
     assert len(mlps) == config.n_layer - len(config.mlp_free_layers)
+    assert len(attns) == config.n_layer - len(config.attention_free_layers)
     assert len(gates) == (0 if config.mudd_gates else len(config.attention_gate_layers))
 
 
@@ -46,7 +53,10 @@ def test_the_roles_of_a_small_model_by_name():
     assert model.parameter_roles() == {
         "mlp_fc": ["blocks.0.mlp.fc.weight", "blocks.2.mlp.fc.weight"],
         "mlp_proj": ["blocks.0.mlp.proj.weight", "blocks.2.mlp.proj.weight"],
-        "attention_gate": ["blocks.0.attn.gate.weight", "blocks.2.attn.gate.weight"]}
+        "attention_gate": ["blocks.0.attn.gate.weight", "blocks.2.attn.gate.weight"],
+        "attention_input": [f"blocks.{i}.attn.{m}.weight" for i in (0, 1, 2) for m in "qkv"]}
+    model = small_gpt(attention_free_layers=(1,))
+    assert model.parameter_roles()["attention_input"] == [f"blocks.{i}.attn.{m}.weight" for i in (0, 2) for m in "qkv"]
 
 
 def test_an_mlp_that_declares_nothing_is_counted_missing():
@@ -54,6 +64,15 @@ def test_an_mlp_that_declares_nothing_is_counted_missing():
     model.blocks[1].mlp.own_parameter_roles = lambda: {}
     with pytest.raises(ValueError, match=r"role 'mlp_fc': the model config gives one on each of layers \[0, 1, 2\] "
                                          r"\(3\), the modules declare 2: missing on layers \[1\]"):
+        model.parameter_roles()
+
+
+def test_an_attention_that_declares_two_of_its_three_inputs_is_counted_missing():
+    model = small_gpt()
+    attn = model.blocks[2].attn
+    attn.own_parameter_roles = lambda: {"attention_input": [attn.q.weight, attn.k.weight]}
+    with pytest.raises(ValueError, match=r"role 'attention_input': the model config gives 3 on each of layers "
+                                         r"\[0, 1, 2\] \(9\), the modules declare 8: missing on layers \[2\]"):
         model.parameter_roles()
 
 
@@ -73,6 +92,10 @@ def test_check_role_layers_passes_the_counts_the_config_gives():
     check_role_layers({"mlp_fc": [0, 1]}, {"mlp_fc": [1, 0]}, {"mlp_fc": ["a", "b"]})
     with pytest.raises(ValueError, match=r"role 'attention_gate'.*missing on layers \[3\]"):
         check_role_layers({"attention_gate": [1]}, {"attention_gate": [1, 3]}, {"attention_gate": ["g1"]})
+    check_role_layers({"attention_input": [0, 0, 1, 1]}, {"attention_input": [1, 0, 1, 0]}, {})
+    with pytest.raises(ValueError, match=r"gives per layer \{0: 2, 1: 1\} \(3\), the modules declare 3: missing "
+                                         r"on layers \[1\], extra on layers \[0\]"):
+        check_role_layers({"mlp_fc": [0, 0, 0]}, {"mlp_fc": [0, 0, 1]}, {"mlp_fc": ["a", "b", "c"]})
 
 
 class Holder(nn.Module):
@@ -158,3 +181,39 @@ def test_a_model_without_roles_takes_no_factor_group():
     model = nn.Sequential(nn.Linear(4, 4, bias=False))
     muon = build_optimizers(model, {"0.weight": "matrix"}, OptimConfig(mlp_fc_lr_mul=0.5)).optimizers[-1]
     assert [g["initial_lr"] for g in muon.param_groups] == [0.05]
+
+
+def test_record12_draws_the_declared_inputs_in_parameter_order():
+    """``linear_init: torch`` draws again exactly the parameters of roles ``attention_input`` and ``mlp_fc``
+    (here with an attention under another name too: it declares nothing the init would find by name), in the
+    order of the model's parameters whatever the order given (tests/test_init_digests.py: bit for bit as the
+    names chose them)."""
+    config = build_model_config("record12", {"n_layer": 2, "model_dim": 64, "n_head": 2, "head_dim": 32,
+                                             "vocab_size": 64, "window_pattern": "LL"})
+    torch.manual_seed(0)
+    model = GPT(config)
+    roles = model.role_parameters()
+    chosen = roles["attention_input"] + roles["mlp_fc"]
+    assert len(chosen) == 2 * 4
+    assert all(p.abs().max() <= 64 ** -0.5 and p.abs().max() > 0.9 * 64 ** -0.5 for p in chosen[:6])
+    assert all(m.proj.weight.count_nonzero() == 0 for m in (model.blocks[0].mlp, model.blocks[1].mlp))
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    torch.manual_seed(7)
+    init_torch_linear_inputs_(model, chosen)
+    drawn = {name: p.clone() for name, p in model.named_parameters()}
+    torch.manual_seed(7)
+    init_torch_linear_inputs_(model, chosen[::-1])
+    assert all(torch.equal(p, drawn[name]) for name, p in model.named_parameters())
+    changed = sorted(n for n, p in model.named_parameters() if not torch.equal(p, before[n]))
+    assert changed == sorted(n for names in (model.parameter_roles()["attention_input"],
+                                             model.parameter_roles()["mlp_fc"]) for n in names)
+    with pytest.raises(ValueError, match=r"1 of the matrices to re-initialize are not parameters of the GPT"):
+        init_torch_linear_inputs_(model, [nn.Parameter(torch.zeros(2, 2))])
+
+
+def test_record12_refuses_an_attention_that_declares_no_inputs(monkeypatch):
+    config = build_model_config("record12", {"n_layer": 2, "model_dim": 64, "n_head": 2, "head_dim": 32,
+                                             "vocab_size": 64, "window_pattern": "LL"})
+    monkeypatch.setattr(CausalSelfAttention, "own_parameter_roles", lambda self: {})
+    with pytest.raises(ValueError, match=r"role 'attention_input'.*declare 0: missing on layers \[0, 1\]"):
+        GPT(config)

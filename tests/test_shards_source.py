@@ -15,17 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from cluster_support import copy_workflow
+from cluster_support import copy_workflow, micro_config
 from hub_server import random_documents_shard, shard_bytes
 
 from speedrun.data.shard_folder import list_shard_folder
 from speedrun.data.shard_writer import import_pretokenized
 from speedrun.errors import SpeedrunError
-
-MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
-
-
 
 GOOD = {"fineweb_val_000000.bin": random_documents_shard(0, 6000),
         "fineweb_train_000002.bin": random_documents_shard(2, 9000),    # written before 000001: name order decides
@@ -88,9 +83,8 @@ def test_in_place_refuses_a_token_outside_gpt2(tmp_path):
 
 
 def _workflow(tmp_path: Path, shards_path: str) -> Path:
-    cfg = yaml.safe_load(MICRO.read_text())
-    cfg["data"] = {"source": "shards", "name": "fw", "shards": {"path": shards_path}}
-    return copy_workflow(tmp_path / "workflow", cfg)
+    data = {"source": "shards", "name": "fw", "shards": {"path": shards_path}}
+    return copy_workflow(tmp_path / "workflow", micro_config(data=data))
 
 
 def _snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:

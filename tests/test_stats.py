@@ -71,22 +71,23 @@ def record(file, val_loss, time_ms, *, status="complete", steps=100, seed=None, 
                      content_hash=h or file, curve_hash=file)
 
 
-runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), min_size=2, max_size=20).filter(
-    lambda rs: np.ptp([r[0] for r in rs]) > 1e-6)
-
-
-def _in_order_and_shuffled(runs, rnd) -> tuple[dict, dict]:
-    """The group statistics (to_json) of ``runs`` ((val_loss, train_time_ms) pairs) in order and shuffled."""
+def stats_in_two_orders(runs: list[tuple[float, float]], rnd) -> tuple[dict, dict]:
+    """The ``group_stats`` JSON (target 3.28) of one group of ``runs`` (val_loss, time_ms), first in the given
+    order, then shuffled by ``rnd``."""
     records = [record(f"r{i}.txt", v, t) for i, (v, t) in enumerate(runs)]
     shuffled = records[:]
     rnd.shuffle(shuffled)
     return tuple(group_stats(Group("g", "g", "g", tuple(rs)), 3.28).to_json() for rs in (records, shuffled))
 
 
+runs_strategy = st.lists(st.tuples(st.floats(3.2, 3.4), st.floats(1e4, 2e5)), min_size=2, max_size=20).filter(
+    lambda rs: np.ptp([r[0] for r in rs]) > 1e-6)
+
+
 @settings(max_examples=40, deadline=None)
 @given(runs_strategy, st.randoms())
 def test_group_statistics_ignore_run_order_and_convert_ms_to_s(runs, rnd):
-    a, b = _in_order_and_shuffled(runs, rnd)
+    a, b = stats_in_two_orders(runs, rnd)
     for key in ("n", "val_loss_mean", "val_loss_std", "p_value", "train_time_mean_s", "train_time_std_s"):
         assert a[key] == pytest.approx(b[key], rel=1e-9)
     times_ms = np.array([t for _, t in runs])
@@ -510,7 +511,7 @@ def test_runs_needed_in_summary(tmp_path):
 @settings(max_examples=30, deadline=None)
 @given(runs_strategy, st.randoms())
 def test_runs_needed_ignores_run_order(runs, rnd):
-    a, b = _in_order_and_shuffled(runs, rnd)
+    a, b = stats_in_two_orders(runs, rnd)
     assert (a["runs_needed"], a["runs_for_power"]) == (b["runs_needed"], b["runs_for_power"])
 
 
@@ -720,6 +721,6 @@ def test_equal_train_times_have_a_std_of_exactly_zero_in_any_order():
     """Hypothesis once drew three runs of 178811.625 ms: numpy's std of the seconds was not 0."""
     runs = [(3.25, 178811.625), (3.25, 178811.625), (3.375, 178811.625)]
     for rnd in (random.Random(0), random.Random(1)):
-        a, b = _in_order_and_shuffled(runs, rnd)
+        a, b = stats_in_two_orders(runs, rnd)
         assert a["train_time_std_s"] == 0.0 and b["train_time_std_s"] == 0.0
         assert a["train_time_mean_s"] == pytest.approx(178.811625, rel=1e-15)

@@ -73,24 +73,35 @@ def test_a_byte_order_mark_is_not_part_of_the_text(tmp_path):
     assert list(iter_text_batches(tmp_path / "d.jsonl")) == [["Hello", "world"]]
 
 
+@pytest.mark.parametrize("content, message", [
+    (b'{"text": "ok"}\n{"text": "caf\xe9"}\n', r"d.jsonl: line 2 is not UTF-8"),
+    (b'{"text": "ok"}\n{"text": \n', r"d.jsonl: line 2 is not JSON"),
+    (b'{"body": "ok"}\n', r"d.jsonl: line 1 has no 'text' field"),
+    (b'["ok"]\n', r"d.jsonl: line 1 is a JSON array, expected an object with a 'text' field"),
+    (b'{"text": "ok"}\n"ok"\n', r"d.jsonl: line 2 is a JSON string, expected an object"),
+    (b'{"text": ""}\n', r"d.jsonl: the text of line 1 is empty"),
+    (b'{"text": 7}\n', r"d.jsonl: the text of line 1 is a int"),
+    (b'{"text": "a\\ud800b"}\n', r"d.jsonl: the text of line 1 is not valid Unicode"),
+])
+def test_a_bad_jsonl_line_is_named_with_the_file(tmp_path, content, message):
+    assert_refused(tmp_path / "d.jsonl", content, message)
+
+
 @pytest.mark.parametrize("name, content, message", [
-    ("d.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n', r"d.jsonl: line 2 is not UTF-8"),
-    ("d.jsonl", b'{"text": "ok"}\n{"text": \n', r"d.jsonl: line 2 is not JSON"),
-    ("d.jsonl", b'{"body": "ok"}\n', r"d.jsonl: line 1 has no 'text' field"),
-    ("d.jsonl", b'["ok"]\n', r"d.jsonl: line 1 is a JSON array, expected an object with a 'text' field"),
-    ("d.jsonl", b'{"text": "ok"}\n"ok"\n', r"d.jsonl: line 2 is a JSON string, expected an object"),
     ("d.txt", b"\xef\xbb\xbfcaf\xe9", r"d.txt: not UTF-8 text \(byte 6"),
-    ("d.jsonl", b'{"text": ""}\n', r"d.jsonl: the text of line 1 is empty"),
-    ("d.jsonl", b'{"text": 7}\n', r"d.jsonl: the text of line 1 is a int"),
-    ("d.jsonl", b'{"text": "a\\ud800b"}\n', r"d.jsonl: the text of line 1 is not valid Unicode"),
     ("d.txt", b"caf\xe9", r"d.txt: not UTF-8 text \(byte 3"),
     ("d.txt", b"", r"d.txt: the text of the file is empty"),
     ("d.csv", b"text\nx\n", r"d.csv: unknown documents format '.csv'"),
 ])
 def test_bad_documents_name_the_file(tmp_path, name, content, message):
-    (tmp_path / name).write_bytes(content)
+    assert_refused(tmp_path / name, content, message)
+
+
+def assert_refused(path: Path, content: bytes, message: str) -> None:
+    """``path`` written with ``content``: reading its documents raises a SpeedrunError matching ``message``."""
+    path.write_bytes(content)
     with pytest.raises(SpeedrunError, match=message):
-        list(iter_text_batches(tmp_path / name))
+        list(iter_text_batches(path))
 
 
 def test_truncated_and_corrupt_parquet(tmp_path):

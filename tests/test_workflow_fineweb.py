@@ -19,12 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from cluster_support import copy_workflow
+from cluster_support import copy_workflow, micro_config
 from hub_server import HubServer, fineweb_parquet_bytes, random_documents_shard, shard_bytes
 
 from speedrun.data.tokenizer import gpt2_encoding
 
-MICRO = Path(__file__).parent / "data" / "micro-config.yaml"
 RAW, GPT2 = "HuggingFaceFW/fineweb", "kjj0/fineweb10B-gpt2"
 SHARD_TOKENS = 4096
 
@@ -68,9 +67,7 @@ def hub():
 
 
 def make_workflow(tmp_path: Path, data: dict) -> Path:
-    cfg = yaml.safe_load(MICRO.read_text())
-    cfg["data"] = data
-    return copy_workflow(tmp_path / "workflow", cfg)
+    return copy_workflow(tmp_path / "workflow", micro_config(data=data))
 
 
 def snakemake(workdir: Path, hub: HubServer, *args: str, check: bool = True) -> subprocess.CompletedProcess:

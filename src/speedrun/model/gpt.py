@@ -66,7 +66,7 @@ class GPT(nn.Module):
     with ``config.mudd``, ``mudd`` (:class:`speedrun.model.mudd.DenseConnections`, record #81); with
     ``config.mudd_gates``, ``mudd_gates`` (:class:`speedrun.model.mudd.MuddGates`, record #85).
     :meth:`parameter_kinds` labels each parameter for the optimizers; :meth:`parameter_roles` names those they
-    treat apart from the rest of their kind (:mod:`speedrun.model.roles`).
+    (and record #12's initialization) treat apart from the rest of their kind (:mod:`speedrun.model.roles`).
 
     Tied (``config.tie_embed_head``, records #8, #51): one weight, ``lm_head.weight``, N(0, 0.005²) at
     initialization (speedrun-spec.md 2.5), serves the embedding and the head until :meth:`untie_embed_head`
@@ -109,7 +109,8 @@ class GPT(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)
         init_output_(self.lm_head.weight)
         if config.linear_init == "torch":                                      # record #12's nn.Linear init
-            init_torch_linear_inputs_(self.blocks)
+            roles = self.role_parameters()
+            init_torch_linear_inputs_(self, roles["attention_input"] + roles["mlp_fc"])
         self.tied = config.tie_embed_head
         if self.tied:
             with torch.no_grad():
@@ -477,25 +478,32 @@ class GPT(nn.Module):
         return {name: kinds[name] for name in names.values()}
 
     def parameter_roles(self) -> dict[ParamRole, list[str]]:
-        """Role -> the names of its parameters (every role of :data:`speedrun.model.roles.PARAM_ROLES`, in the
-        order of ``named_parameters()``), as the modules declare them (:func:`speedrun.model.roles.declared_roles`):
-        ``mlp_fc`` / ``mlp_proj`` the fc / proj weight of each block's MLP, ``attention_gate`` the output
-        gate's weight of each gated attention. Counted against the config: one parameter of each MLP role
-        on every layer not in ``mlp_free_layers``, one ``attention_gate`` on every layer of
-        ``attention_gate_layers`` (none with ``mudd_gates``, whose gates are not parameters of the
-        attention); raises ``ValueError`` naming the role and the layers missing or extra
-        (:func:`speedrun.model.roles.check_role_layers`)."""
+        """Role -> the names of its parameters: :meth:`role_parameters` by name (counted there)."""
+        names = {id(p): name for name, p in self.named_parameters()}
+        return {role: [names[id(p)] for p in params] for role, params in self.role_parameters().items()}
+
+    def role_parameters(self) -> dict[ParamRole, list[nn.Parameter]]:
+        """Role -> its parameters (every role of :data:`speedrun.model.roles.PARAM_ROLES`, in the order of
+        ``named_parameters()``), as the modules declare them (:func:`speedrun.model.roles.declared_roles`):
+        ``mlp_fc`` / ``mlp_proj`` the fc / proj weight of each block's MLP, ``attention_input`` the q, k and v
+        weights of each block's attention, ``attention_gate`` the output gate's weight of each gated
+        attention. Counted against the config: one parameter of each MLP role on every layer not in
+        ``mlp_free_layers``, three ``attention_input`` on every layer not in ``attention_free_layers``, one
+        ``attention_gate`` on every layer of ``attention_gate_layers`` (none with ``mudd_gates``, whose gates
+        are not parameters of the attention); raises ``ValueError`` naming the role and the layers missing or
+        extra (:func:`speedrun.model.roles.check_role_layers`)."""
         cfg = self.config
         declared = declared_roles(self)
         names = {id(p): name for name, p in self.named_parameters()}
         layer_of = {id(p): i for i, block in enumerate(self.blocks) for p in block.parameters()}
         mlp_layers = [i for i in range(cfg.n_layer) if i not in cfg.mlp_free_layers]
+        attention_layers = [i for i in range(cfg.n_layer) if i not in cfg.attention_free_layers]
         gate_layers = [] if cfg.mudd_gates else list(cfg.attention_gate_layers)
-        roles = {role: [names[id(p)] for p in params] for role, params in declared.items()}
         check_role_layers({role: [layer_of.get(id(p)) for p in params] for role, params in declared.items()},
-                          {"mlp_fc": mlp_layers, "mlp_proj": mlp_layers, "attention_gate": gate_layers}, roles)
-        return roles
-
+                          {"mlp_fc": mlp_layers, "mlp_proj": mlp_layers, "attention_gate": gate_layers,
+                           "attention_input": [i for i in attention_layers for _ in range(3)]},
+                          {role: [names[id(p)] for p in params] for role, params in declared.items()})
+        return declared
 
 def _kinds(module: nn.Module, by_name: Mapping[str, ParamKind],
            other: ParamKind | None = None) -> list[tuple[ParamKind, nn.Parameter]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import torch
 
@@ -22,9 +23,6 @@ def init_output_(weight: torch.Tensor) -> torch.Tensor:
     return weight.zero_()
 
 
-INPUT_MATRIX_SUFFIXES = (".attn.q.weight", ".attn.k.weight", ".attn.v.weight", ".mlp.fc.weight")
-
-
 @torch.no_grad()
 def init_torch_linear_(weight: torch.Tensor) -> torch.Tensor:
     """In place: uniform on ±1/sqrt(fan_in) (std 1/sqrt(3·fan_in)), ``nn.Linear``'s default
@@ -35,10 +33,17 @@ def init_torch_linear_(weight: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def init_torch_linear_inputs_(blocks: torch.nn.Module) -> None:
-    """Re-initialize with :func:`init_torch_linear_` every matrix of ``blocks`` that reads the residual stream
-    (parameter names ending in :data:`INPUT_MATRIX_SUFFIXES`: q, k, v, MLP fc); the output projections keep
-    their zeros."""
-    for name, param in blocks.named_parameters():
-        if name.endswith(INPUT_MATRIX_SUFFIXES):
+def init_torch_linear_inputs_(model: torch.nn.Module, matrices: Iterable[torch.nn.Parameter]) -> None:
+    """Re-initialize with :func:`init_torch_linear_` each of ``matrices``, parameters of ``model`` (record
+    #12's matrices that read the residual stream: q, k, v and MLP fc, the roles ``attention_input`` and
+    ``mlp_fc`` of :mod:`speedrun.model.roles`), drawn in the order of ``model.parameters()`` whatever the order
+    given; the output projections keep their zeros. Raises ``ValueError`` when one of ``matrices`` is not a
+    parameter of ``model``."""
+    chosen = {id(p) for p in matrices}
+    params = list(model.parameters())
+    if chosen - {id(p) for p in params}:
+        raise ValueError(f"{len(chosen - {id(p) for p in params})} of the matrices to re-initialize are not "
+                         f"parameters of the {type(model).__name__}")
+    for param in params:
+        if id(param) in chosen:
             init_torch_linear_(param)

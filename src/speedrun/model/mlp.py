@@ -75,8 +75,8 @@ class MLP(nn.Module):
             self.register_buffer("post_scale", torch.ones((), dtype=torch.float32), persistent=False)
 
     def own_parameter_roles(self) -> dict[str, list[nn.Parameter]]:
-        """The roles of its weights for the optimizers (:mod:`speedrun.model.roles`): ``fc.weight``
-        ``mlp_fc``, ``proj.weight`` ``mlp_proj``."""
+        """The roles of its weights (:mod:`speedrun.model.roles`): ``fc.weight`` ``mlp_fc``, ``proj.weight``
+        ``mlp_proj``."""
         return {"mlp_fc": [self.fc.weight], "mlp_proj": [self.proj.weight]}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,29 +1,33 @@
 """Parameter roles: what a parameter is for, declared by the module that owns it.
 
-The optimizers treat a few parameters apart from the others of their kind (:mod:`speedrun.optim.groups`):
-the MLP input and output matrices take their own Muon lr (``mlp_fc_lr_mul``, ``mlp_proj_lr_mul``) and the
-attention output gates may train with Muon (``muon_attention_gates``). They find them by role, never by
-parameter name. A module that holds such a parameter declares it with the method
+A few parameters are treated apart from the others of their kind, and are found by role, never by parameter
+name. The optimizers (:mod:`speedrun.optim.groups`): the MLP input and output matrices take their own Muon lr
+(``mlp_fc_lr_mul``, ``mlp_proj_lr_mul``) and the attention output gates may train with Muon
+(``muon_attention_gates``). The initialization (:meth:`speedrun.model.gpt.GPT`, ``linear_init: torch``,
+record #12): the matrices that read the residual stream, the attention's q, k, v and the MLP's fc, are drawn
+again as ``nn.Linear`` draws them. A module that holds such a parameter declares it with the method
 
     def own_parameter_roles(self) -> dict[ParamRole, list[nn.Parameter]]
 
 over parameters of its own (its ``parameters()``): :class:`speedrun.model.mlp.MLP` its ``fc`` and ``proj``
-weights, :class:`speedrun.model.block.CausalSelfAttention` its output gate's weight.
-:func:`declared_roles` collects them over a model, and :meth:`speedrun.model.gpt.GPT.parameter_roles` counts
+weights, :class:`speedrun.model.block.CausalSelfAttention` its q, k, v weights and its output gate's weight.
+:func:`declared_roles` collects them over a model, and :meth:`speedrun.model.gpt.GPT.role_parameters` counts
 them against the model's config with :func:`check_role_layers` (style.md, "choose parameter groups by the
 module that owns them, and check the count", after nanochat's gpt.py L423-430).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Literal, Mapping, Sequence, get_args
 
 if TYPE_CHECKING:
     from torch import nn
 
-ParamRole = Literal["mlp_fc", "mlp_proj", "attention_gate"]
+ParamRole = Literal["mlp_fc", "mlp_proj", "attention_gate", "attention_input"]
 """``mlp_fc``: an MLP's input matrix (F, C); ``mlp_proj``: its output matrix (C, F); ``attention_gate``: an
-attention output gate's weight (H, 12) (:class:`speedrun.model.gates.AttentionGate`)."""
+attention output gate's weight (H, 12) (:class:`speedrun.model.gates.AttentionGate`); ``attention_input``: an
+attention's q, k or v matrix (H·Dh, C), three per attention."""
 PARAM_ROLES: tuple[str, ...] = get_args(ParamRole)
 ROLE_METHOD = "own_parameter_roles"
 
@@ -62,19 +66,23 @@ def declared_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
 
 def check_role_layers(found: Mapping[str, Sequence[int | None]], expected: Mapping[str, Sequence[int]],
                       names: Mapping[str, Sequence[str]]) -> None:
-    """Check that each role has exactly one parameter on each layer ``expected[role]`` lists and none elsewhere.
+    """Check that each role has on each layer as many parameters as ``expected[role]`` lists that layer (once
+    per parameter: ``[0, 1]`` one on each of layers 0 and 1, ``[0, 0, 0]`` three on layer 0), and none elsewhere.
 
     ``found[role]``: the layer of each declared parameter of the role (None for one outside the blocks), in
     the order of ``names[role]``, their names. Raises ``ValueError`` naming the role, the expected and found
-    counts, the layers missing one, the layers with one too many and the parameters outside the blocks."""
+    counts, the layers with too few, the layers with too many and the parameters outside the blocks."""
     for role in PARAM_ROLES:
-        layers, want = list(found.get(role, ())), sorted(expected.get(role, ()))
-        inside = sorted(layer for layer in layers if layer is not None)
-        if inside == want and len(inside) == len(layers):
+        layers, want = list(found.get(role, ())), Counter(expected.get(role, ()))
+        inside = Counter(layer for layer in layers if layer is not None)
+        if inside == want and inside.total() == len(layers):
             continue
-        missing = sorted(set(want) - set(inside))
-        extra = sorted({layer for layer in inside if inside.count(layer) > (layer in want)})
+        missing = sorted(layer for layer in want if inside[layer] < want[layer])
+        extra = sorted(layer for layer in inside if inside[layer] > want[layer])
         outside = [name for name, layer in zip(names.get(role, ()), layers) if layer is None]
-        raise ValueError(f"parameter role {role!r}: the model config gives one on each of layers {want} "
-                         f"({len(want)}), the modules declare {len(layers)}: missing on layers {missing}, "
-                         f"extra on layers {extra}, outside the blocks {outside}")
+        each = set(want.values())
+        gives = (f"{'one' if each == {1} else each.pop()} on each of layers {sorted(want)}" if len(each) <= 1
+                 else f"per layer {dict(sorted(want.items()))}")
+        raise ValueError(f"parameter role {role!r}: the model config gives {gives} ({want.total()}), the modules "
+                         f"declare {len(layers)}: missing on layers {missing}, extra on layers {extra}, outside the "
+                         f"blocks {outside}")
