@@ -16,7 +16,7 @@ from hub_server import shard_bytes
 from speedrun.analysis.logs import read_record
 from speedrun.analysis.record_code import record_code
 from speedrun.errors import SpeedrunError
-from speedrun.run_script import lay_out_shards, run_script
+from speedrun.training.record_script import lay_out_shards, run_script
 
 DATA = Path(__file__).parent / "data"
 VAL = [50256, 1000, 2000, 3000]                  # mean id 14064: the script's last val_loss 1.4064

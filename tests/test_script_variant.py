@@ -17,7 +17,7 @@ from speedrun import cli
 from speedrun.analysis.provenance import sha256
 from speedrun.analysis.record_code import record_code
 from speedrun.errors import SpeedrunError
-from speedrun.run_script import script_from_log
+from speedrun.training.record_script import script_from_log
 from speedrun.workflow.planning import resolve_experiment, shards_path
 
 ROOT = Path(__file__).resolve().parents[1]

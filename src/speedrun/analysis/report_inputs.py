@@ -25,6 +25,7 @@ import pandas as pd
 
 from speedrun.analysis.group_stats import DEFAULT_ALPHA, check_alpha, check_target
 from speedrun.errors import SpeedrunError
+from speedrun.support.arguments import name_value_pairs
 
 
 def _same(a: float, b: float) -> bool:
@@ -363,10 +364,4 @@ def described_variants(pairs: Sequence[str]) -> dict[str, str]:
     Raises:
         SpeedrunError: a pair without ``=`` or without a variant name.
     """
-    out = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or not name:
-            raise SpeedrunError(f"--describe {pair!r}: expected VARIANT=TEXT")
-        out[name] = text
-    return out
+    return name_value_pairs(pairs, "--describe", "VARIANT=TEXT")
