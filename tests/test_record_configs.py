@@ -64,6 +64,8 @@ def test_record12_settings_are_the_records():
     cfg = cfgs["baseline"]
     # Hyperparameters: num_iterations 1875, batch_size 8 x sequence_length 64*1024, val every 125 steps
     assert (cfg.steps, cfg.tokens_per_step, cfg.micro_batch_tokens) == (1875, 524288, 65536)
+    # DistributedDataLoader.next_batch: contiguous slices of B x T + 1 tokens, documents never cut
+    assert (cfg.train_batches, cfg.max_seq_len) == ("contiguous", 65536)
     assert cfg.evaluation.val_batch_tokens == 65536
     assert cfg.schedule.batch_schedule == () and cfg.schedule.window_schedule == ()
     # optimizer1-4: Adam wte 0.6, lm_head 0.008, scalars 0.04, betas (0.9, 0.95), eps 1e-8; Muon 0.04, 0.95
