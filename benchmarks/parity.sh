@@ -11,7 +11,9 @@
 #   bash benchmarks/parity.sh ours CONFIG [RUNS]        # our preset through benchmarks/gpu_speedrun.py, config
 #                                                       # benchmarks/configs/CONFIG.yaml
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
-#   bash benchmarks/parity.sh summary                    # val_loss at every evaluation and median step time
+#   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
+#                                                       # time, the record's runs against ours (parity_summary.py;
+#                                                       # BOUNDARIES for record87: 0,38,71,105,120)
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt} and are copied to $OUT at every `wait`.
 set -euo pipefail
 ROOT=/tmp/parity
@@ -83,6 +85,9 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     for f in $ROOT/*.out; do echo "== $f"; grep -E "val_loss|failed|Error" "$f" | tail -8; done
     exit 0 ;;
 summary)
-    PYTHONPATH=src python3 benchmarks/parity_summary.py $ROOT ;;
+    record=${2:?record folder: record87, record88 or head}; config=${3:?config under benchmarks/configs}
+    # shellcheck disable=SC2086
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
+        --ours $ROOT/ours-$config-*/$config-*.txt ${4:+--boundaries $4} ;;
 *) echo "unknown part $1" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 """BOS-aligned training batches and validation chunks against hand-computed cases and a naive,
-line-by-line implementation of speedrun-spec.md section 1.3."""
+line-by-line implementation of speedrun-spec.md section 1.3; contiguous training batches (record #12's) against
+hand-computed slices of the token stream and a per-rank walk of its DistributedDataLoader."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 
 from speedrun.data.loader import (
     BosAlignedBatches,
+    ContiguousBatches,
     MicroBatch,
+    train_batches,
     steps_available,
     padded_cu_seqlens,
     to_torch,
@@ -238,3 +241,90 @@ def test_padded_cu_seqlens_fills_whole_multiples_with_the_token_count():
     assert len(padded_cu_seqlens(cu)) == 128
     with pytest.raises(ValueError, match="multiple"):
         padded_cu_seqlens(cu, 0)
+
+
+# ---- contiguous batches (record #12, 2024-11-19 FlexAttention) ----------------------------------------------
+
+def test_contiguous_batches_are_consecutive_slices_of_the_stream_and_skip_a_short_shard_tail():
+    shard0 = np.arange(100, 123, dtype=np.uint16)              # 23 tokens
+    shard1 = np.arange(200, 214, dtype=np.uint16)              # 14 tokens
+    shard0[[0, 7, 12]] = BOS
+    shard1[[3]] = BOS
+    batches = ContiguousBatches([shard0, shard1], [naive_bos(shard0), naive_bos(shard1)], 5, 5)
+    drawn = [mb for step in draw_all(batches, 2) for mb in step]
+    # T = 5: micro-batch m of a shard reads [5m, 5m + 6); shard 0 (23 tokens) holds starts 0, 5, 10, 15 (20 + 6
+    # > 23), shard 1 (14) starts 0, 5 (10 + 6 > 14): 6 micro-batches, 3 steps of 2
+    starts = [(shard0, 0), (shard0, 5), (shard0, 10), (shard0, 15), (shard1, 0), (shard1, 5)]
+    assert len(drawn) == 6
+    for mb, (shard, start) in zip(drawn, starts):
+        assert mb.inputs.tolist() == shard[start:start + 5].tolist() and mb.inputs.dtype == np.int32
+        assert mb.targets.tolist() == shard[start + 1:start + 6].tolist() and mb.targets.dtype == np.int64
+    # documents start at the BOS tokens inside a slice (shard 0's 7 and 12: [5, 10) holds 7 at 2, [10, 15) holds
+    # 12 at 2; shard 1's 3 at 3 of [0, 5)); a BOS at a slice's first token starts no new piece (0 and 10)
+    assert [mb.cu_seqlens.tolist() for mb in drawn] == [[0, 5], [0, 2, 5], [0, 2, 5], [0, 5], [0, 3, 5], [0, 5]]
+    assert batches.steps_drawn == 3
+    with pytest.raises(SpeedrunError, match="ran out of training data at step 4"):
+        batches.next_step(2, 0, 1)
+
+
+def _record12_reads(tokens, T: int, world_size: int, rank: int, reads: int) -> list[list[int]]:
+    """Record #12's DistributedDataLoader (2024-11-19_FlexAttention train_gpt.py) walked for one rank within one
+    shard: it starts at rank x T, each next_batch returns tokens[pos : pos + T + 1] and moves pos on by
+    T x world_size."""
+    pos, out = rank * T, []
+    for _ in range(reads):
+        assert pos + T * world_size < len(tokens)                 # within the shard: its advance never fires
+        out.append(tokens[pos:pos + T + 1].tolist())
+        pos += T * world_size
+    return out
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_contiguous_batches_split_over_two_ranks_as_record12s_loader(accumulation):
+    """Two ranks, each `accumulation` micro-batches per step (the record: 8 ranks, 1 each): rank r's a-th
+    micro-batch of step s is the record's rank r's read s x accumulation + a; and a 1-rank run with all the
+    micro-batches of a step sees the same ones, in the order m = a x 2 + r."""
+    rng = np.random.default_rng(3)
+    shard = rng.integers(0, 50257, size=2000).astype(np.uint16)
+    shard[rng.choice(2000, size=40, replace=False)] = BOS
+    bos, T, steps = naive_bos(shard), 16, 20
+    micro_batches = 2 * accumulation
+    for rank in (0, 1):
+        batches = ContiguousBatches([shard], [bos], T, T)
+        ours = [mb.inputs.tolist() + [int(mb.targets[-1])]
+                for _ in range(steps) for mb in batches.next_step(micro_batches, rank, 2)]
+        assert ours == _record12_reads(shard, T, 2, rank, steps * accumulation)
+    whole = ContiguousBatches([shard], [bos], T, T)
+    for step in range(steps):
+        for m, mb in enumerate(whole.next_step(micro_batches, 0, 1)):
+            start = (step * micro_batches + m) * T
+            assert mb.inputs.tolist() == shard[start:start + T].tolist()
+
+
+@pytest.mark.parametrize("tokens,micro_batches", [(16, 1), (32, 3), (20, 4)])
+def test_steps_available_counts_contiguous_batches(tokens, micro_batches):
+    shards = random_shards(5, n_docs=300, max_doc=60, n_shards=4)
+    bos = [naive_bos(s) for s in shards]
+    lengths = [len(s) for s in shards]
+    drawn = len(draw_all(train_batches("contiguous", shards, bos, tokens, tokens), micro_batches))
+    by_hand = sum((n - 1) // tokens for n in lengths) // micro_batches     # whole micro-batches of T + 1 tokens
+    assert drawn == by_hand > 5
+    kind = {"kind": "contiguous"}
+    assert steps_available(lengths, bos, tokens, tokens, micro_batches, 10**6, **kind) == drawn
+    assert steps_available(lengths, bos, tokens, tokens, micro_batches, drawn - 2, **kind) == drawn - 2
+    # the BOS-aligned count of the same shards is another one (documents cut at max_seq_len 8 lose their tails)
+    assert steps_available(lengths, bos, tokens, 8, micro_batches, 10**6) < drawn
+
+
+def test_train_batches_builds_the_named_loader_and_refuses_another():
+    shard = np.array([BOS, 1, 2, 3, BOS, 5, 6, 7, 8], dtype=np.uint16)
+    assert isinstance(train_batches("bos_aligned", [shard], [naive_bos(shard)], 2, 8), BosAlignedBatches)
+    assert isinstance(train_batches("contiguous", [shard], [naive_bos(shard)], 2, 8), ContiguousBatches)
+    with pytest.raises(SpeedrunError, match="train_batches must be one of bos_aligned, contiguous, got 'shuffled'"):
+        train_batches("shuffled", [shard], [naive_bos(shard)], 2, 8)
+    with pytest.raises(SpeedrunError, match="train_batches must be one of"):
+        steps_available([9], [naive_bos(shard)], 2, 8, 1, 3, kind="shuffled")
+    with pytest.raises(SpeedrunError, match="increasing positions"):
+        ContiguousBatches([shard], [np.array([4, 0])], 2, 8)
+    with pytest.raises(SpeedrunError, match="got 1 train shards but 2 BOS indices"):
+        ContiguousBatches([shard], [naive_bos(shard)] * 2, 2, 8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from speedrun.errors import SpeedrunError
@@ -34,6 +35,29 @@ def test_a_dataset_that_feeds_the_run_passes_and_one_too_small_is_refused(datase
     check_training_data(SETTINGS, shards, bos, what="variant 'v'")          # raises nothing
     with pytest.raises(SpeedrunError, match=r"variant 'v': 4000 steps of 512 tokens .* they feed only \d+ steps"):
         check_training_data({**SETTINGS, "steps": 4000}, shards, bos, what="variant 'v'")
+
+
+def test_contiguous_batches_are_counted_as_whole_slices_of_each_train_shard(dataset):
+    """train_batches contiguous (record #12's loader): a train shard of n tokens gives (n - 1) // T micro-batches of
+    T = tokens_per_step / micro_batches tokens (T + 1 each, one token shared with the next); the check passes at
+    exactly that many steps, refuses one more, and counts another number than the BOS-aligned plan."""
+    from speedrun.training.data import steps_fed
+
+    shards, bos = dataset
+    train = json.loads((shards / "manifest.json").read_text())["shards"][1:]
+    T = SETTINGS["tokens_per_step"] // SETTINGS["micro_batches"]
+    steps = sum((entry["tokens"] - 1) // T for entry in train) // SETTINGS["micro_batches"]
+    cfg = {**SETTINGS, "max_seq_len": T, "train_batches": "contiguous"}
+    check_training_data({**cfg, "steps": steps}, shards, bos, what="variant 'v'")          # raises nothing
+    with pytest.raises(SpeedrunError, match=rf"variant 'v': {steps + 1} steps of 512 tokens \(contiguous batches\) "
+                                            rf".* they feed only {steps} steps\. Lower train.steps or "
+                                            r"train.tokens_per_step, or use more data \(about \d+ train shards\)\.$"):
+        check_training_data({**cfg, "steps": steps + 1}, shards, bos, what="variant 'v'")
+    lengths = [entry["tokens"] for entry in train]
+    starts = [np.load(bos / entry["file"].replace(".bin", ".npy")) for entry in train]
+    stages = [(0, SETTINGS["tokens_per_step"], T)]
+    aligned = steps_fed(10**6, SETTINGS["micro_batches"], stages, lengths, starts)
+    assert steps_fed(10**6, SETTINGS["micro_batches"], stages, lengths, starts, "contiguous") == steps != aligned
 
 
 @pytest.mark.parametrize("folder, key", [(0, "tokens"), (0, "split"), (0, "file"), (1, "shard"), (1, "file")])

@@ -64,6 +64,8 @@ def test_record12_settings_are_the_records():
     cfg = cfgs["baseline"]
     # Hyperparameters: num_iterations 1875, batch_size 8 x sequence_length 64*1024, val every 125 steps
     assert (cfg.steps, cfg.tokens_per_step, cfg.micro_batch_tokens) == (1875, 524288, 65536)
+    # DistributedDataLoader.next_batch: contiguous slices of B x T + 1 tokens, documents never cut
+    assert (cfg.train_batches, cfg.max_seq_len) == ("contiguous", 65536)
     assert cfg.evaluation.val_batch_tokens == 65536
     assert cfg.schedule.batch_schedule == () and cfg.schedule.window_schedule == ()
     # optimizer1-4: Adam wte 0.6, lm_head 0.008, scalars 0.04, betas (0.9, 0.95), eps 1e-8; Muon 0.04, 0.95
@@ -207,13 +209,122 @@ def test_record_config_validates_and_resolves(path):
 
 
 @pytest.mark.parametrize("name", ["parity-record88", "parity-record89"])
-def test_parity_configs(name):
+def test_parity_configs_of_the_thirds(name):
     _, train = _train(f"benchmarks/configs/{name}.yaml")
     assert train.preset == name.removeprefix("parity-") and train.steps == 120
     assert train.model_config().attention_backend == "varlen" and train.micro_batches == 8
     assert [s for s, _, _ in train.batch_stages()] == [0, 35, 70, 105]       # thirds of 105, then 15
     ev = train.evaluation
     assert (ev.val_every, ev.val_tokens, ev.val_batch_tokens) == (20, 1048576, 131072)
+
+
+def _reference_code() -> Path:
+    found = [up / "shared" / "reference-code" for up in ROOT.parents[:2] if (up / "shared" / "reference-code").is_dir()]
+    if not found:
+        pytest.skip("../shared/reference-code is not here")
+    return found[0]
+
+
+def _parity_sched() -> dict[str, str]:
+    """The environment benchmarks/parity.sh gives a record's patched script (its SCHED variable)."""
+    import re
+
+    text = (ROOT / "benchmarks" / "parity.sh").read_text()
+    return dict(item.split("=", 1) for item in re.search(r'^SCHED="([^"]*)"', text, re.M).group(1).split())
+
+
+def _patched_schedule(record: str, tmp_path: Path, monkeypatch) -> dict:
+    """The schedule objects of ../shared/reference-code/RECORD/train_gpt.py as parity.sh runs it on one GPU: the
+    script copied through tools/patch_schedule.py, then its top-level definitions of the schedule (the
+    Hyperparameters, TrainingStage and TrainingSchedule classes, TRAINING_STAGES, ``args``,
+    ``training_schedule``, ``grad_accum_steps`` and the momentum and noise schedules) executed with parity.sh's
+    SCHED in the environment, WORLD_SIZE 1 and the CPU as ``device``; everything else of the script (CUDA, the
+    model, the loaders) left out. Returns the executed namespace."""
+    import ast
+    import subprocess
+    import sys
+
+    import torch
+
+    code = _reference_code()
+    patched = tmp_path / "train_gpt.py"
+    subprocess.run([sys.executable, str(code / "tools" / "patch_schedule.py"), str(code / record / "train_gpt.py"),
+                    str(patched)], check=True, capture_output=True)
+    tree = ast.parse(patched.read_text())
+    wanted = {"Hyperparameters", "TrainingStage", "TrainingSchedule", "TRAINING_STAGES", "args",
+              "training_schedule", "grad_accum_steps", "get_muon_momentum", "get_normuon_noise_scale",
+              "NORMUON_NOISE_SIGMA0", "NORMUON_NOISE_END_FRAC", "NORMUON_NOISE_WARMUP"}
+
+    def names(node) -> set[str]:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            return {node.name}
+        if isinstance(node, ast.Assign):
+            return {t.id for t in node.targets if isinstance(t, ast.Name)}
+        return set()
+
+    body = [node for node in tree.body if names(node) & wanted]
+    assert set().union(*map(names, body)) == wanted, record
+    for key, value in _parity_sched().items():
+        monkeypatch.setenv(key, value)
+    import dataclasses
+    import itertools
+    import os
+    import uuid
+
+    namespace = {"__name__": f"{record}_schedule", "os": os, "uuid": uuid, "torch": torch, "world_size": 1,
+                 "device": torch.device("cpu"), "dataclass": dataclasses.dataclass,
+                 "accumulate": itertools.accumulate, "pairwise": itertools.pairwise}
+    # dont_inherit: not this module's `from __future__ import annotations` (its dataclasses then see strings)
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(patched), "exec", dont_inherit=True), namespace)
+    return namespace
+
+
+def test_parity_record87_is_the_patched_scripts_compressed_schedule(tmp_path, monkeypatch):
+    """benchmarks/configs/parity-record87.yaml against record #87's script as parity.sh runs it (patch_schedule.py
+    and SCHED, executed: :func:`_patched_schedule`): the same steps, stage boundaries, batch, windows, lr factor,
+    momentum, MTP weights and Langevin σ at every step, no untie, the same evaluations; and record87.yaml's
+    optimizer settings."""
+    from speedrun.optim.langevin import langevin_sigma
+    from speedrun.training.loop import validation_steps
+
+    ref = _patched_schedule("record87", tmp_path, monkeypatch)
+    args, schedule = ref["args"], ref["training_schedule"]
+    config, train = _train("benchmarks/configs/parity-record87.yaml")
+    staged = train.schedule.staged_schedule
+    assert (train.preset, train.steps, staged.scheduled_steps) == ("record87", schedule.total_steps,
+                                                                   schedule.scheduled_iterations)
+    assert (schedule.scheduled_iterations, schedule.total_steps) == (105, 120)     # SCHED reached the script
+    assert staged.boundaries() == [start for start, _ in schedule.boundaries] + [schedule.total_steps]
+    assert staged.boundaries() == [0, 38, 71, 105, 120]                            # round(0.36 / 0.68 x 105)
+    assert train.model_config().attention_backend == "varlen"
+    assert train.micro_batches == ref["grad_accum_steps"] == 8
+    sched = train.schedule_config()
+    for step in range(schedule.total_steps):
+        stage, _ = schedule.lookup(step)
+        assert train.batch_at(step) == (stage.batch_size, stage.train_max_seq_len), step
+        assert train.window_blocks_at(step) == tuple(stage.window_sizes), step
+        assert staged.lr_factor(step) == pytest.approx(schedule.get_lr(step), abs=1e-12), step
+        assert staged.muon_momentum(step) == pytest.approx(ref["get_muon_momentum"](step), abs=1e-12), step
+        mtp, prefix = train.loss_weights_at(step)
+        assert mtp == pytest.approx(schedule.mtp_weights[step].tolist(), abs=1e-6) and prefix is None, step
+        sigma = langevin_sigma(step, sched.steps, sched.cooldown_frac, train.optimizer.langevin_noise,
+                               warmup_steps=sched.langevin_warmup_steps, end_step=sched.langevin_end_step)
+        assert sigma == pytest.approx(ref["get_normuon_noise_scale"](step), abs=1e-12), step
+    # the final validation: the extension stage's short window, the long one ws_post_yarn_ext (its
+    # apply_final_ws_ext at the last step)
+    assert train.window_blocks_at(120) == (schedule.stages[-1].window_sizes[0], schedule.ws_post_yarn_ext)
+    assert schedule.split_step > schedule.total_steps and train.untie_step() is None          # never split
+    # Validation: the script evaluates where `last_step or step % val_loss_every == 0` (its training loop) on
+    # grad_accum_steps x val_tokens // val_batch_size passes of val_batch_size // grad_accum_steps // world_size
+    # tokens (distributed_data_generator's num_tokens_local); one GPU: world_size 1
+    ev = train.evaluation
+    assert validation_steps(train) == [s for s in range(schedule.total_steps + 1)
+                                       if s == schedule.total_steps or s % args.val_loss_every == 0]
+    passes = ref["grad_accum_steps"] * args.val_tokens // args.val_batch_size
+    assert ev.val_batch_tokens == args.val_batch_size // ref["grad_accum_steps"]
+    assert ev.val_tokens == passes * ev.val_batch_tokens == args.val_tokens == 1048576
+    # the optimizer is record87.yaml's, setting by setting
+    assert train.optimizer == _train("configs/records/record87.yaml")[1].optimizer
 
 
 def test_record83_config_is_its_scripts_settings():

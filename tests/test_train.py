@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from speedrun import cli
@@ -21,6 +22,7 @@ from speedrun.analysis.logs import read_record
 from speedrun.data.shards import sha256_file
 from speedrun.errors import SpeedrunError
 from speedrun.training.config import TrainConfig
+from speedrun.training.data import load_training_data, steps_fed
 from speedrun.training.loop import run_training
 from speedrun.training.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
 from synthetic_data import counting_documents, write_dataset
@@ -200,6 +202,27 @@ def test_mismatched_world_size_and_too_little_data_fail_before_writing(synthetic
     assert not log.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_contiguous_run_reads_every_whole_slice_of_the_shards_and_learns(tmp_path):
+    """train_batches contiguous (record #12's loader) in the loop: a run of exactly the steps that the train shards'
+    whole slices of T + 1 tokens feed completes, although the BOS-aligned loader would feed fewer (it loses each
+    shard's head before its first BOS and the rest after the last whole document), and its loss falls."""
+    shards, bos = write_dataset(tmp_path / "data", counting_documents(150, seed=1), shard_tokens=4096)
+    data = load_training_data(shards, bos)
+    T, micro_batches = 256, 2
+    steps = sum((len(s) - 1) // T for s in data.train_shards) // micro_batches
+    stages = [(0, T * micro_batches, T)]
+    lengths = [len(s) for s in data.train_shards]
+    assert steps_fed(10**6, micro_batches, stages, lengths, data.train_bos) < steps
+    assert steps_fed(10**6, micro_batches, stages, lengths, data.train_bos, "contiguous") == steps
+    cfg = TrainConfig.from_dict({**QUICK, "steps": steps, "val_every": 0, "max_seq_len": T,
+                                 "train_batches": "contiguous"})
+    log = tmp_path / "contiguous.txt"
+    result = run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log, env={})
+    assert result.status == "complete" and read_record(log).steps == steps
+    val = [x for _, kind, x in result.losses if kind == "val"]
+    assert len(val) == 2 and val[-1] < val[0] - 1.0 and np.isfinite(val).all()
+
+
 def test_the_cut_documents_hint_by_hand():
     from speedrun.training.data import cut_documents_hint
 
@@ -285,7 +308,8 @@ def _run_ranks(world, settings, shards, bos, log):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [{}, {"dtype": "float32", "model": {**SMALL, "tie_embed_head": True},
-                                         "untie_step": 3}], ids=["untied", "tied-then-untied-fp32"])
+                                         "untie_step": 3}, {"train_batches": "contiguous", "max_seq_len": 256}],
+                         ids=["untied", "tied-then-untied-fp32", "contiguous"])
 def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps(synthetic, tmp_path, extra):
     """Tied, the embedding's gradient is folded into the head's before the all-reduce (fp32 here: in bf16 the
     tied sums' order moves the losses by about 7e-5)."""

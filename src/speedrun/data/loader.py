@@ -1,4 +1,4 @@
-"""BOS-aligned training batches and contiguous validation batches.
+"""Training batches (BOS-aligned, or contiguous as record #12 read them) and contiguous validation batches.
 
 Training (speedrun-spec.md section 1.3; BOS alignment from record #26 ``2025-07-12_BosAlign``, max
 document length from record #29): every micro-batch of T tokens starts at a document start (token
@@ -15,6 +15,17 @@ steps sees exactly the micro-batches that an M-process run spreads over its rank
 m = a * world_size + r). Planning needs only the BOS indices and shard lengths; only this rank's
 tokens are copied.
 
+Contiguous training batches (``train.train_batches: contiguous``; the loader of the records before #26,
+record #12 ``2024-11-19_FlexAttention`` among them): micro-batch m of a shard is the slice
+``[m*T, m*T + T + 1)`` of its token stream, wherever documents start and end (none is cut: documents are told
+apart by the BOS positions, ``cu_seqlens``); when the rest of a shard holds fewer than T + 1 tokens the next
+micro-batch is the first T + 1 tokens of the next shard. The same global order m = a * world_size + r over the
+ranks as above gives the record's split: its rank r reads ``[(k*W + r)*T, (k*W + r)*T + T + 1)`` at its k-th
+read of W ranks (its DistributedDataLoader.next_batch). At the end of a shard the record differs: it moves on
+once a rank's next position plus W*T reaches the shard's end (leaving up to (W+1)*T tokens unread, and its ranks
+can move on one read apart), and after its last shard it starts the first again; here every whole micro-batch
+of a shard is used and running out is an error, as for BOS-aligned batches.
+
 Validation (speedrun-spec.md section 1.4): contiguous chunks of the validation shard, not
 BOS-aligned; chunk c has inputs ``tokens[c*B : c*B+B]`` and targets ``tokens[c*B+1 : c*B+B+1]``.
 
@@ -25,7 +36,7 @@ per chunk (per rank).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -33,6 +44,9 @@ from speedrun.errors import SpeedrunError
 
 if TYPE_CHECKING:
     import torch
+
+TrainBatchesKind = Literal["bos_aligned", "contiguous"]
+TRAIN_BATCHES: tuple[str, ...] = get_args(TrainBatchesKind)
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,35 @@ class _Planner:
         return [Segment(self.shard, int(s), int(s + n)) for s, n in zip(starts, lengths)]
 
 
+class _ContiguousPlanner:
+    """The shared cursor of contiguous micro-batches: (shard, next start position), and the batch shape.
+    ``max_seq_len`` is kept for the interface only (no document is cut)."""
+
+    def __init__(self, shard_lengths: Sequence[int], micro_batch_tokens: int, max_seq_len: int):
+        if not shard_lengths:
+            raise SpeedrunError("no train shards: at least one is needed for training")
+        self.shard_lengths = [int(n) for n in shard_lengths]
+        self.shard = 0
+        self.position = 0
+        self.set_batch(micro_batch_tokens, max_seq_len)
+
+    def set_batch(self, micro_batch_tokens: int, max_seq_len: int) -> None:
+        self.micro_batch_tokens = _check_positive("micro_batch_tokens", micro_batch_tokens)
+        self.max_seq_len = _check_positive("max_seq_len", max_seq_len)
+
+    def next_micro_batch(self) -> tuple[int, int] | None:
+        """(shard, start) of the next micro-batch (tokens ``[start, start + T + 1)`` of that shard), advancing
+        the cursor by T; None when no shard has T + 1 tokens left (the cursor is then left at the end)."""
+        need = self.micro_batch_tokens + 1
+        while self.shard < len(self.shard_lengths):
+            if self.position + need <= self.shard_lengths[self.shard]:
+                start = self.position
+                self.position += self.micro_batch_tokens
+                return self.shard, start
+            self.shard, self.position = self.shard + 1, 0
+        return None
+
+
 def _materialize(shards: Sequence[np.ndarray], segments: list[Segment]) -> MicroBatch:
     """Copy the tokens of ``segments`` (T + 1 in all) into a :class:`MicroBatch`."""
     buf = np.concatenate([np.asarray(shards[s.shard][s.start:s.stop]) for s in segments])
@@ -162,24 +205,16 @@ def _materialize(shards: Sequence[np.ndarray], segments: list[Segment]) -> Micro
                       cu_seqlens=cu_seqlens)
 
 
-class BosAlignedBatches:
-    """BOS-aligned training micro-batches over the train shards (speedrun-spec.md 1.3, record #26).
+class TrainBatches:
+    """The training micro-batches of one run, step by step: :class:`BosAlignedBatches` or
+    :class:`ContiguousBatches` (:func:`train_batches` builds the one a run's ``train_batches`` names). Every
+    process builds the same object and calls :meth:`next_step` with the same arguments; each gets its own
+    micro-batches of a plan that does not depend on the world size."""
 
-    ``shards``: the train shards, each (N_i,) uint16 (e.g. :func:`speedrun.data.shards.load_shard`
-    memory maps), validation shard excluded. ``bos_indices``: for each shard the sorted int64 positions
-    of token 50256. ``micro_batch_tokens``: T, tokens per micro-batch per rank. ``max_seq_len``: the
-    longest document span in a micro-batch, in tokens; longer documents are cut.
+    _planner: "_Planner | _ContiguousPlanner"
+    _shards: Sequence[np.ndarray]
 
-    Every process builds the same object and calls :meth:`next_step` with the same arguments; each gets
-    its own micro-batches of a plan that does not depend on the world size.
-    Raises :class:`SpeedrunError` on mismatched inputs or a non-positive size.
-    """
-
-    def __init__(self, shards: Sequence[np.ndarray], bos_indices: Sequence[np.ndarray],
-                 micro_batch_tokens: int, max_seq_len: int):
-        self._shards = shards
-        self._planner = _Planner([len(s) for s in shards], bos_indices, micro_batch_tokens,
-                                 max_seq_len)
+    def __init__(self) -> None:
         self.steps_drawn = 0
 
     @property
@@ -198,6 +233,10 @@ class BosAlignedBatches:
         positive."""
         self._planner.set_batch(micro_batch_tokens, max_seq_len)
 
+    def _materialize(self, plan) -> MicroBatch:
+        """The :class:`MicroBatch` of ``plan``, one answer of the subclass's planner (its tokens copied)."""
+        raise NotImplementedError(f"{type(self).__name__} does not copy micro-batches")
+
     def next_step(self, micro_batches: int, rank: int, world_size: int) -> list[MicroBatch]:
         """Plan the ``micro_batches`` (M) micro-batches of the next optimizer step, return this rank's.
 
@@ -210,8 +249,8 @@ class BosAlignedBatches:
         step = self.steps_drawn + 1
         mine = []
         for m in range(micro_batches):
-            segments = self._planner.next_micro_batch()
-            if segments is None:
+            plan = self._planner.next_micro_batch()
+            if plan is None:
                 raise SpeedrunError(
                     f"ran out of training data at step {step}: micro-batch {m + 1} of {micro_batches} "
                     f"needs {self.micro_batch_tokens + 1} tokens, but the {len(self._shards)} train "
@@ -219,9 +258,72 @@ class BosAlignedBatches:
                     "add train shards or lower train.steps or train.tokens_per_step"
                 )
             if m % world_size == rank:
-                mine.append(_materialize(self._shards, segments))
+                mine.append(self._materialize(plan))
         self.steps_drawn = step
         return mine
+
+
+class BosAlignedBatches(TrainBatches):
+    """BOS-aligned training micro-batches over the train shards (speedrun-spec.md 1.3, record #26).
+
+    ``shards``: the train shards, each (N_i,) uint16 (e.g. :func:`speedrun.data.shards.load_shard`
+    memory maps), validation shard excluded. ``bos_indices``: for each shard the sorted int64 positions
+    of token 50256. ``micro_batch_tokens``: T, tokens per micro-batch per rank. ``max_seq_len``: the
+    longest document span in a micro-batch, in tokens; longer documents are cut.
+
+    Every process builds the same object and calls :meth:`next_step` with the same arguments; each gets
+    its own micro-batches of a plan that does not depend on the world size.
+    Raises :class:`SpeedrunError` on mismatched inputs or a non-positive size.
+    """
+
+    def __init__(self, shards: Sequence[np.ndarray], bos_indices: Sequence[np.ndarray],
+                 micro_batch_tokens: int, max_seq_len: int):
+        super().__init__()
+        self._shards = shards
+        self._planner = _Planner([len(s) for s in shards], bos_indices, micro_batch_tokens,
+                                 max_seq_len)
+
+    def _materialize(self, plan: list[Segment]) -> MicroBatch:
+        return _materialize(self._shards, plan)
+
+
+class ContiguousBatches(TrainBatches):
+    """Contiguous training micro-batches over the train shards (module docstring; the records before #26,
+    record #12 ``2024-11-19_FlexAttention`` among them, read their shards so).
+
+    ``shards``: the train shards, each (N_i,) uint16. ``bos_indices``: for each shard the sorted int64
+    positions of token 50256, from which each micro-batch's ``cu_seqlens`` is taken: 0, the BOS positions
+    inside it but its first token, T (as a validation chunk's). ``micro_batch_tokens``: T, tokens per
+    micro-batch per rank. ``max_seq_len``: kept for :meth:`set_batch`'s interface; no document is cut, so
+    one can span the whole micro-batch. Raises :class:`SpeedrunError` on mismatched inputs or a
+    non-positive size.
+    """
+
+    def __init__(self, shards: Sequence[np.ndarray], bos_indices: Sequence[np.ndarray],
+                 micro_batch_tokens: int, max_seq_len: int):
+        super().__init__()
+        if len(shards) != len(bos_indices):
+            raise SpeedrunError(f"got {len(shards)} train shards but {len(bos_indices)} BOS indices")
+        self._shards = shards
+        self._bos = [np.asarray(b, dtype=np.int64) for b in bos_indices]
+        for shard, (tokens, bos) in enumerate(zip(shards, self._bos)):
+            _check_bos_index(shard, bos, len(tokens))
+        self._planner = _ContiguousPlanner([len(s) for s in shards], micro_batch_tokens, max_seq_len)
+
+    def _materialize(self, plan: tuple[int, int]) -> MicroBatch:
+        shard, start = plan
+        return _contiguous_chunk(self._shards[shard], self._bos[shard], start, self.micro_batch_tokens)
+
+
+def train_batches(kind: TrainBatchesKind, shards: Sequence[np.ndarray], bos_indices: Sequence[np.ndarray],
+                  micro_batch_tokens: int, max_seq_len: int) -> TrainBatches:
+    """The loader of ``kind`` (``bos_aligned``: :class:`BosAlignedBatches`, ``contiguous``:
+    :class:`ContiguousBatches`) over ``shards``. Raises :class:`SpeedrunError` for another kind."""
+    if kind == "bos_aligned":
+        return BosAlignedBatches(shards, bos_indices, micro_batch_tokens, max_seq_len)
+    if kind == "contiguous":
+        return ContiguousBatches(shards, bos_indices, micro_batch_tokens, max_seq_len)
+    raise SpeedrunError(f"train_batches must be one of {', '.join(TRAIN_BATCHES)}, got {kind!r}")
 
 
 def _check_step_shape(micro_batches: int, rank: int, world_size: int) -> None:
@@ -241,19 +343,26 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 def steps_available(shard_lengths: Sequence[int], bos_indices: Sequence[np.ndarray],
                     micro_batch_tokens: int, max_seq_len: int, micro_batches: int, steps: int,
-                    stages: Sequence[tuple[int, int, int]] = ()) -> int:
+                    stages: Sequence[tuple[int, int, int]] = (), kind: TrainBatchesKind = "bos_aligned") -> int:
     """How many of ``steps`` optimizer steps of ``micro_batches`` micro-batches of T tokens the train
     shards can feed, by planning only (no token is read).
 
     ``stages``: a batch-size schedule as ``(first_step, micro_batch_tokens, max_seq_len)`` in increasing
     first_step (the first at 0); it replaces ``micro_batch_tokens`` and ``max_seq_len`` from each first
-    step on. Same plan as :class:`BosAlignedBatches`, so the answer is exact; cost is one binary search
-    per micro-batch. Raises :class:`SpeedrunError` on non-positive sizes.
+    step on. ``kind``: the loader (:func:`train_batches`), whose plan this is, so the answer is exact; cost
+    is one binary search per micro-batch (BOS-aligned) or a comparison (contiguous). Raises
+    :class:`SpeedrunError` on non-positive sizes or another ``kind``.
     """
     _check_positive("micro_batches", micro_batches)
     if steps < 0:
         raise SpeedrunError(f"steps must be >= 0, got {steps}")
-    planner = _Planner(shard_lengths, bos_indices, micro_batch_tokens, max_seq_len)
+    if kind == "bos_aligned":
+        planner: _Planner | _ContiguousPlanner = _Planner(shard_lengths, bos_indices, micro_batch_tokens,
+                                                          max_seq_len)
+    elif kind == "contiguous":
+        planner = _ContiguousPlanner(shard_lengths, micro_batch_tokens, max_seq_len)
+    else:
+        raise SpeedrunError(f"train_batches must be one of {', '.join(TRAIN_BATCHES)}, got {kind!r}")
     changes = {first: (tokens, seq_len) for first, tokens, seq_len in stages}
     for step in range(steps):
         if step in changes:
@@ -290,11 +399,13 @@ def validation_batches(tokens: np.ndarray, bos_index: np.ndarray, val_tokens: in
             f"{val_tokens + 1}; lower train.val_tokens or use a larger shard"
         )
     bos = np.asarray(bos_index, dtype=np.int64)
-    return [_validation_chunk(tokens, bos, c * batch, batch)
+    return [_contiguous_chunk(tokens, bos, c * batch, batch)
             for c in range(rank, val_tokens // batch, world_size)]
 
 
-def _validation_chunk(tokens: np.ndarray, bos: np.ndarray, start: int, batch: int) -> MicroBatch:
+def _contiguous_chunk(tokens: np.ndarray, bos: np.ndarray, start: int, batch: int) -> MicroBatch:
+    """Inputs ``tokens[start : start+batch]``, targets one further, cu_seqlens 0, the BOS positions in
+    (start, start+batch) relative to start, batch (a validation chunk, a contiguous training micro-batch)."""
     buf = np.asarray(tokens[start:start + batch + 1])
     lo, hi = np.searchsorted(bos, [start + 1, start + batch])
     inner = (bos[lo:hi] - start).astype(np.int32)

@@ -3,7 +3,7 @@ next step's micro-batches while the GPU runs the current one (speedrun-spec.md 1
 and indexes the next shard in threads and copies host-to-device with ``non_blocking=True`` from pinned
 memory, records #33 and later).
 
-The thread draws steps 0, 1, 2, ... in order from a :class:`speedrun.data.loader.BosAlignedBatches`, each with
+The thread draws steps 0, 1, 2, ... in order from a :class:`speedrun.data.loader.TrainBatches`, each with
 the batch shape the schedule gives it, so the token stream is exactly the one the loop would draw itself; the
 main thread takes them with :meth:`StepPrefetcher.get` in the same order. An error in the thread (the shards
 run out, say) is raised by the ``get`` of the step that hit it.
@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from speedrun.data.loader import DOC_SLOT_MULTIPLE, BosAlignedBatches, host_tensors
+from speedrun.data.loader import DOC_SLOT_MULTIPLE, TrainBatches, host_tensors
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _DONE = object()
@@ -30,7 +30,7 @@ class StepPrefetcher:
         batches: the loader; only this object's thread draws from it once started.
         steps: steps to prepare (0 .. steps-1).
         shape_at: step -> (micro_batch_tokens T, max_seq_len) of that step (the batch-size schedule).
-        micro_batches, rank, world_size: as :meth:`BosAlignedBatches.next_step`.
+        micro_batches, rank, world_size: as :meth:`TrainBatches.next_step`.
         device: where :meth:`get` puts the tensors; on CUDA the host copies are pinned and the transfers
             non-blocking.
         depth: steps held ready (>= 1).
@@ -40,7 +40,7 @@ class StepPrefetcher:
     or call :meth:`close`, to stop the thread.
     """
 
-    def __init__(self, batches: BosAlignedBatches, steps: int, shape_at: Callable[[int], tuple[int, int]],
+    def __init__(self, batches: TrainBatches, steps: int, shape_at: Callable[[int], tuple[int, int]],
                  micro_batches: int, rank: int, world_size: int, device: torch.device, depth: int = 2,
                  doc_slot_multiple: int = DOC_SLOT_MULTIPLE):
         if depth < 1:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, get_args
 
+from speedrun.data.loader import TRAIN_BATCHES, TrainBatchesKind
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import (ADAM_EPS_UNITS, ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS,
@@ -151,6 +152,12 @@ class TrainConfig:
     """Forward passes per step over all ranks (gradient accumulation: micro_batches / world_size each)."""
     max_seq_len: int = 1024
     """Longest document in a batch, in tokens; longer ones are cut."""
+    train_batches: TrainBatchesKind = "bos_aligned"
+    """How the training micro-batches are read from the train shards (:mod:`speedrun.data.loader`):
+    ``bos_aligned``, each starts at a document start and documents are cut at ``max_seq_len`` (record #26 on);
+    ``contiguous``, consecutive slices of the token stream, whatever the document boundaries (the records
+    before #26: record #12, 2024-11-19 FlexAttention, reads its 64K-token sequences so); no document is cut,
+    so ``max_seq_len`` must be at least every stage's tokens per micro-batch."""
     world_size: int = 1
     """Processes of the run (torchrun's); it must divide ``micro_batches``."""
     optimizer: OptimConfig = field(default_factory=OptimConfig)
@@ -222,6 +229,7 @@ class TrainConfig:
         if self.optimizer.normuon_beta2 is not None:
             _check_number("normuon_beta2", self.optimizer.normuon_beta2, 0.0, 1.0, open_high=True)
         _check_choice("preset", self.preset, tuple(PRESETS))
+        _check_choice("train_batches", self.train_batches, TRAIN_BATCHES)
         _check_choice("device", self.compute.device, get_args(DeviceChoice))
         _check_choice("dtype", self.compute.dtype, get_args(ComputeDtype))
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
@@ -401,6 +409,12 @@ class TrainConfig:
             if tokens % self.micro_batches:
                 raise SpeedrunError(f"{where}tokens_per_step {tokens} is not a multiple of "
                                     f"train.micro_batches {self.micro_batches}")
+        if self.train_batches == "contiguous":
+            for first, tokens, seq_len in self.batch_stages():
+                if seq_len < tokens // self.micro_batches:
+                    raise SpeedrunError(f"train.train_batches contiguous reads whole micro-batches of "
+                                        f"{tokens // self.micro_batches} tokens (from step {first}) with no "
+                                        f"document cut, so train.max_seq_len must be at least that, got {seq_len}")
         if self.evaluation.val_tokens % (self.evaluation.val_batch_tokens * self.world_size):
             raise SpeedrunError(f"train.val_tokens {self.evaluation.val_tokens} is not a multiple of "
                                 f"val_batch_tokens x "

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
-from speedrun.data.loader import steps_available
+from speedrun.data.loader import TrainBatchesKind, steps_available
 from speedrun.data.shards import load_shard, sha256_file, sha256_text
 from speedrun.errors import SpeedrunError
 from speedrun.training.config import TrainConfig
@@ -89,13 +89,15 @@ def cut_documents_hint(fed_steps: int, tokens_per_step: int, train_tokens: int, 
 
 
 def steps_fed(steps: int, micro_batches: int, stages: Sequence[tuple[int, int, int]], lengths: Sequence[int],
-              bos: Sequence[np.ndarray]) -> int:
-    """How many of ``steps`` optimizer steps the train shards feed (at most ``steps``), the BOS-aligned loader
-    simulated exactly (:func:`speedrun.data.loader.steps_available`; no token is read). ``stages``: ``(first
-    step, tokens per step, max_seq_len)`` per batch stage (:meth:`TrainConfig.batch_stages`); ``lengths``: the
-    train shards' tokens; ``bos``: their BOS positions (int64)."""
+              bos: Sequence[np.ndarray], train_batches: TrainBatchesKind = "bos_aligned") -> int:
+    """How many of ``steps`` optimizer steps the train shards feed (at most ``steps``), the loader that
+    ``train_batches`` names (BOS-aligned or contiguous, :attr:`TrainConfig.train_batches`) simulated exactly
+    (:func:`speedrun.data.loader.steps_available`; no token is read). ``stages``: ``(first step, tokens per
+    step, max_seq_len)`` per batch stage (:meth:`TrainConfig.batch_stages`); ``lengths``: the train shards'
+    tokens; ``bos``: their BOS positions (int64)."""
     per_pass = [(first, tokens // micro_batches, seq_len) for first, tokens, seq_len in stages]
-    return steps_available(list(lengths), list(bos), per_pass[0][1], per_pass[0][2], micro_batches, steps, per_pass)
+    return steps_available(list(lengths), list(bos), per_pass[0][1], per_pass[0][2], micro_batches, steps, per_pass,
+                           kind=train_batches)
 
 
 def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
@@ -103,9 +105,10 @@ def check_data_feeds(config: TrainConfig, data: TrainingData) -> None:
     holds ``val_tokens + 1`` tokens (:func:`steps_fed`; the same check the workflow makes at planning time,
     :func:`speedrun.workflow.planning.check_training_data`, before the data is loaded)."""
     fed = steps_fed(config.steps, config.micro_batches, config.batch_stages(), [len(s) for s in data.train_shards],
-                    data.train_bos)
+                    data.train_bos, config.train_batches)
     if fed < config.steps:
-        hint = cut_documents_hint(fed, config.tokens_per_step, sum(map(len, data.train_shards)), config.max_seq_len)
+        hint = "" if config.train_batches == "contiguous" else cut_documents_hint(
+            fed, config.tokens_per_step, sum(map(len, data.train_shards)), config.max_seq_len)
         raise SpeedrunError(f"the train shards feed {fed} steps of {config.tokens_per_step} tokens, fewer "
                             f"than train.steps = {config.steps}; add shards or lower steps.{hint}")
     if len(data.val_tokens) < config.evaluation.val_tokens + 1:

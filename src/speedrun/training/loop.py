@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from speedrun import __version__
-from speedrun.data.loader import BosAlignedBatches, padded_cu_seqlens, to_torch, validation_batches
+from speedrun.data.loader import padded_cu_seqlens, to_torch, train_batches, validation_batches
 from speedrun.data.prefetch import StepPrefetcher
 from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
@@ -231,8 +231,8 @@ class _Run:
         self.optimizers: Optimizers = build_optimizers(
             self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
         self.forward = self._compiled() if config.compute.compile else self.model
-        self.batches = BosAlignedBatches(data.train_shards, data.train_bos, config.micro_batch_tokens,
-                                         config.batch_at(0)[1])
+        self.batches = train_batches(config.train_batches, data.train_shards, data.train_bos,
+                                     config.micro_batch_tokens, config.batch_at(0)[1])
         self.val = [to_torch(mb, device) for mb in validation_batches(
             data.val_tokens, data.val_bos, config.evaluation.val_tokens, config.evaluation.val_batch_tokens,
             launch.rank, launch.world_size)]

@@ -22,14 +22,15 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
 
 
 def more_data_hint(train_shards: int, steps: int, fed: int, tokens: int, tokens_per_step: int, max_seq_len: int,
-                   documents: int) -> str:
+                   documents: int | None) -> str:
     """What more data a run that the train shards cannot feed needs (after "or "). When the steps fed read most
     of the tokens, more shards of the same kind: about ``train_shards * steps / fed``. When they read less than
     half (documents longer than ``max_seq_len`` lose their tails: a one-document corpus feeds one sequence
     however many shards it fills), more shards of the same documents would not help: the hint counts
     documents instead, ``steps * tokens_per_step / max_seq_len`` of them at least (``documents``: how many
-    the train shards hold, their BOS tokens)."""
-    if fed * tokens_per_step >= tokens / 2:
+    the train shards hold, their BOS tokens; None: no document is cut, contiguous batches, so more shards
+    always help)."""
+    if documents is None or fed * tokens_per_step >= tokens / 2:
         return f"use more data (about {-(-train_shards * steps // max(fed, 1))} train shards)"
     needed = -(-steps * tokens_per_step // max_seq_len)
     return (f"use more documents: the train shards hold {documents} document start(s) (BOS), each document feeds at "

@@ -44,7 +44,7 @@ RESERVED_VARIANTS = ("compare",)
 # The settings check_training_data reads: variants that share them (they usually differ in optimizer or model
 # settings only) share one simulation of the loader, about a second at FineWeb scale (3,200 steps, 2.4B tokens).
 DATA_SHAPE_KEYS = ("steps", "tokens_per_step", "micro_batches", "max_seq_len", "val_tokens", "batch_schedule",
-                   "staged_schedule")
+                   "staged_schedule", "train_batches")
 
 
 @dataclass(frozen=True)
@@ -529,7 +529,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         cfg: resolved training settings (config.yaml ``train`` with a variant's overrides); reads ``steps``,
             ``tokens_per_step``, ``micro_batches``, ``max_seq_len``, ``val_tokens`` and the optional
             ``batch_schedule`` (``[tokens_per_step, max_seq_len]`` per equal stage of the steps) or
-            ``staged_schedule`` (its ``to_dict`` form, whose stages it then takes).
+            ``staged_schedule`` (its ``to_dict`` form, whose stages it then takes), and ``train_batches``
+            (the loader whose plan is counted; absent: ``bos_aligned``).
         shards_dir: the tokenize stage's folder (shards and ``manifest.json``).
         bos_dir: the bos_index stage's folder (one ``.npy`` per shard and ``manifest.json``).
         what: names the run in messages (e.g. ``"variant 'baseline'"``).
@@ -575,15 +576,18 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         raise SpeedrunError(f"{bos_dir}/manifest.json: no BOS index for shards {missing}")
     lengths = [s["tokens"] for s in train]
     starts = [np.load(bos[s["file"]], mmap_mode="r") for s in train]
-    fed = steps_fed(steps, micro_batches, stages, lengths, starts)
+    kind = cfg.get("train_batches") or "bos_aligned"
+    fed = steps_fed(steps, micro_batches, stages, lengths, starts, kind)
     if fed < steps:
         tokens = sum(lengths)
+        contiguous = kind == "contiguous"                # no document cut: more shards always help
         more = ("use a larger dataset (data.source: fineweb); this corpus cannot grow" if corpus_fixed
                 else more_data_hint(len(train), steps, fed, tokens, tokens_per_step, max_seq_len,
-                                    sum(len(b) for b in starts)))
+                                    None if contiguous else sum(len(b) for b in starts)))
+        how = "contiguous batches" if contiguous else f"documents cut at max_seq_len {max_seq_len}"
         raise SpeedrunError(
-            f"{what}: {steps} steps of {tokens_per_step} tokens (documents cut at max_seq_len {max_seq_len}) "
+            f"{what}: {steps} steps of {tokens_per_step} tokens ({how}) "
             f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "
             f"only {fed} steps. Lower train.steps or train.tokens_per_step, or {more}."
-            + cut_documents_hint(fed, tokens_per_step, tokens, max_seq_len)
+            + ("" if contiguous else cut_documents_hint(fed, tokens_per_step, tokens, max_seq_len))
         )
