@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole workflow on one H200 (issue 21, item 5): snakemake from carried wheels, `data.source: shards` on the
 # debian-docs shards, 2 variants x 2 seeds of gpt124m and record #88's own script on a compressed schedule as a
-# script variant (benchmarks/configs/gpu-workflow.yaml); per run: job, wall, compile_s, train_time, overhead.
+# script variant (benchmarks/configs/gpu-workflow.yaml); per run: job, wall, compile_s, train_time, overhead,
+# outside (job - wall) and to_step (first timed step - compile: issue 21 asks <= 10 s with a warm cache).
 # Run from the repository root on the GPU machine, one device call at a time, carrying `.carry` with
 #   .carry/dd/debiandocs_{val_000000,train_000001}.bin   (../shared/corpora/debian-docs)
 #   .carry/ref/record88/{train_gpt.py,triton_kernels.py}  (../shared/reference-code/record88)

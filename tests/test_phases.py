@@ -65,6 +65,7 @@ def test_the_line_round_trips_and_counts_each_interval_once():
     line = phases.line()
     seconds, count = parse_phases(line)
     assert line.startswith("phases: startup:") and count == 2 and "first_batch" not in seconds
+    assert "first_step" not in seconds
     assert list(seconds) == [*PHASES, "wall"]
     assert seconds["model"] >= 0.02 and seconds["data"] >= 0.01 and seconds["validation"] == 0.75
     assert seconds["wall"] >= seconds["startup"] + seconds["model"] + seconds["data"] - 0.002   # real intervals
@@ -109,6 +110,8 @@ def test_a_tiny_run_logs_its_phases_and_the_parser_reads_them(synthetic, tmp_pat
     assert seconds["wall"] <= took and seconds["compile"] == 0.0 and seconds["process_group"] == 0.0
     assert seconds["model"] > 0 and seconds["data"] > 0 and seconds["validation"] > 0
     assert 0 <= seconds["first_batch"] <= seconds["training"]
+    before = sum(seconds[p] for p in ("startup", "device", "data", "process_group", "model", "optimizer", "compile"))
+    assert before - 0.005 <= seconds["first_step"] <= before + seconds["validation"] + other_seconds(seconds) + 0.005
     record = read_record(log)
     assert record.phases_s == seconds and record.validations == 4
     assert record.overhead_s == pytest.approx(seconds["wall"] - seconds["training"], abs=1e-9)

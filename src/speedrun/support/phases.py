@@ -5,6 +5,7 @@ The line, written by ``speedrun train`` after ``peak memory ...`` and before a `
 
     phases: startup:3.412s device:0.001s data:0.052s process_group:0.000s model:0.031s optimizer:0.004s
     compile:0.000s training:4.218s validation:1.302s teardown:0.001s wall:9.204s validations:4 first_batch:0.012s
+    first_step:3.822s
 
 (one line). The phases of :data:`PHASES` are disjoint intervals of the process's life, in seconds:
 
@@ -23,8 +24,10 @@ The line, written by ``speedrun train`` after ``peak memory ...`` and before a `
 * ``teardown``: after the last step: the prefetching thread's stop and ``destroy_process_group``.
 
 ``wall`` is the process's age when the line is written; ``wall`` minus the sum of the phases is what no phase
-covers (the header's git calls, the log's writes during training; :func:`other_seconds`). ``first_batch`` is
-the wait for step 0's micro-batches, *inside* ``training``: not a phase of its own. What follows the line (the
+covers (the header's git calls, the log's writes during training; :func:`other_seconds`). Two more items are
+not phases: ``first_batch``, the wait for step 0's micro-batches, *inside* ``training``; ``first_step``, the
+process's age when the first timed step starts (after the step-0 validation): issue 21 asks it to be at most
+``compile`` + 10 s with a warm compile cache. What follows the line (the
 log's rename, the interpreter's exit, torchrun's own start and end) is outside ``wall``.
 
 The process's start (:func:`process_start`) is the kernel's start time of the process on Linux
@@ -82,6 +85,12 @@ class RunPhases:
         self.seconds: dict[str, float] = {"startup": time.perf_counter() - self.start}
         self.validations = 0
         self.first_batch: float | None = None
+        self.first_step: float | None = None
+
+    def mark_first_step(self) -> None:
+        """Note the process's age now as ``first_step`` (module docstring), once."""
+        if self.first_step is None:
+            self.first_step = time.perf_counter() - self.start
 
     def add(self, phase: str, seconds: float) -> None:
         """Add ``seconds`` to ``phase`` (one of :data:`PHASES`; ValueError otherwise)."""
@@ -104,17 +113,21 @@ class RunPhases:
 
     def line(self) -> str:
         """The log's ``phases:`` line (module docstring): every phase (0 for one not reached), ``wall`` (the
-        process's age now), ``validations`` and, when measured, ``first_batch``; seconds to the millisecond."""
+        process's age now), ``validations`` and, when measured, ``first_batch`` and ``first_step``; seconds to
+        the millisecond."""
         wall = time.perf_counter() - self.start
         items = [f"{p}:{self.seconds.get(p, 0.0):.3f}s" for p in PHASES]
         items += [f"wall:{wall:.3f}s", f"validations:{self.validations}"]
         if self.first_batch is not None:
             items.append(f"first_batch:{self.first_batch:.3f}s")
+        if self.first_step is not None:
+            items.append(f"first_step:{self.first_step:.3f}s")
         return PREFIX + " ".join(items)
 
 
 def parse_phases(line: str) -> tuple[dict[str, float], int | None]:
-    """The seconds (``name`` -> s: the phases, ``wall``, ``first_batch``, and any other ``name:<x>s`` item)
+    """The seconds (``name`` -> s: the phases, ``wall``, ``first_batch``, ``first_step`` and any other
+    ``name:<x>s`` item)
     and the ``validations`` count of a ``phases:`` line (:meth:`RunPhases.line`).
 
     Raises:

@@ -325,6 +325,7 @@ class _Run:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         max_seq_len = cfg.batch_at(step)[1]
+        self.phases.mark_first_step()
         mine = self.step_batches(step)
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.self_reduced_parameters(),
