@@ -262,3 +262,57 @@ def test_varlen_backend_refuses_cpu_tensors():
     q, k, v = (t.detach().float() for t in random_qkv())
     with pytest.raises(ValueError, match="varlen.*CUDA"):
         attention(q, k, v, torch.tensor([0, 23], dtype=torch.int32), 0.3, backend="varlen")
+
+
+# ---- eager-only backends: Dynamo only when compiling (issue 21) --------------------------------------------
+
+
+def test_an_eager_run_never_imports_dynamo():
+    """The training loop's import and an eager ``sdpa_docs`` call leave Dynamo unimported (1.7-4.5 s of a CPU
+    run's start-up, docs/benchmarks.md); a fresh interpreter, since this one may have compiled already."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch, speedrun.training.loop\n"
+            "from speedrun.model.attention import attention\n"
+            "q = torch.randn(16, 2, 8)\n"
+            "attention(q, q, q, torch.tensor([0, 5, 16], dtype=torch.int32), 0.3, backend='sdpa_docs')\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "met-in-the-trace"])
+def test_an_eager_only_backend_is_a_graph_break_under_compile(prepared):
+    """Compiled, ``sdpa_docs`` is skipped by Dynamo (a graph break, run eagerly) with the results of the eager
+    call; prepared (:func:`prepare_for_compile`, as the training loop does) it is the one break that
+    ``torch.compiler.disable`` as a decorator gave."""
+    from speedrun.model import attention as attention_module
+
+    backend = attention_module._BACKENDS["sdpa_docs"]
+    assert isinstance(backend, attention_module.EagerOnly)
+    backend.disabled = None
+    if prepared:
+        attention_module.prepare_for_compile()
+        assert backend.disabled is not None
+
+    def f(q, cu):
+        return attention(q * 2, q, q, cu, 0.125, backend="sdpa_docs").sum() + 1
+
+    q = torch.randn(64, 2, 16)
+    cu = torch.tensor([0, 20, 64, 64], dtype=torch.int32)
+    expected = f(q, cu)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(f)(q, cu)
+    reasons = [str(b.reason) for b in explained.break_reasons]
+    if prepared:
+        assert (explained.graph_count, explained.graph_break_count) == (2, 1)
+        assert "torch.compiler.disable" in reasons[0]
+    assert backend.disabled is not None
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(compiled(q, cu), expected)
