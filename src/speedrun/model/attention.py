@@ -115,42 +115,6 @@ def register_backend(name: str) -> Callable[[Backend], Backend]:
     return register
 
 
-class EagerOnly:
-    """A function that ``torch.compile`` must not trace (a Python loop over documents, CuTe-DSL code): called
-    as it is outside a compiled region, and inside one as ``torch.compiler.disable(fn)`` (a graph break; the
-    call runs eagerly), the same graph break the decorator gives.
-
-    The disabled form is made by :meth:`prepare` (:func:`prepare_for_compile`, before the training loop's
-    ``torch.compile``), not at import: ``torch.compiler.disable`` imports Dynamo, 1.7-4.5 s of a CPU run's
-    start-up that an eager run never needs (docs/benchmarks.md, issue 21). A trace that meets it unprepared
-    prepares it there (one more graph break in that trace; the results are the same)."""
-
-    def __init__(self, fn: Backend):
-        self.fn = fn
-        self.disabled: Backend | None = None
-        functools.update_wrapper(self, fn)
-
-    def prepare(self) -> None:
-        """Make the disabled form (imports Dynamo), once."""
-        if self.disabled is None:
-            self.disabled = torch.compiler.disable(self.fn)
-
-    def __call__(self, *args: Any) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            if self.disabled is None:
-                self.prepare()
-            return self.disabled(*args)
-        return self.fn(*args)
-
-
-def prepare_for_compile() -> None:
-    """Make the ``torch.compiler.disable`` forms of the backends that run eagerly only (:class:`EagerOnly`),
-    before a model that uses them is compiled."""
-    for fn in _BACKENDS.values():
-        if isinstance(fn, EagerOnly):
-            fn.prepare()
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments | torch.Tensor,
               scale: float | torch.Tensor, window: int | torch.Tensor | None = None, *,
               backend: str = "reference") -> torch.Tensor:
@@ -197,7 +161,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocumen
 
 
 @register_backend("sdpa_docs")
-@EagerOnly   # a Python loop over this batch's documents: compiled, each layout would recompile
+@torch.compiler.disable   # a Python loop over this batch's documents: compiled, each layout would recompile
 def _sdpa_docs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
                window: int | None) -> torch.Tensor:
     bounds = docs.cached("bounds", docs.cu_seqlens.tolist)
@@ -329,7 +293,7 @@ def _fa3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocument
 
 
 @register_backend("fa4")
-@EagerOnly   # CuTe-DSL Python: dynamo cannot trace it; an eager call, one graph break per layer
+@torch.compiler.disable   # CuTe-DSL Python: dynamo cannot trace it; an eager call, one graph break per layer
 def _fa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: PackedDocuments, scale: float,
          window: int | None) -> torch.Tensor:
     _check_flash("fa4", q)

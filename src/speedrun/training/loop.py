@@ -38,7 +38,6 @@ from speedrun.data.loader import BosAlignedBatches, padded_cu_seqlens, to_torch,
 from speedrun.data.prefetch import StepPrefetcher
 from speedrun.data.shards import sha256_text
 from speedrun.errors import SpeedrunError
-from speedrun.model.attention import prepare_for_compile
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import Optimizers, build_optimizers
 from speedrun.training.compile_cache import allow_training_graph_cache
@@ -279,7 +278,6 @@ class _Run:
         limit leaves room."""
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         allow_training_graph_cache()
-        prepare_for_compile()                                   # the eager-only attention backends' graph breaks
         mode = None if self.config.compute.compile_mode == "default" else self.config.compute.compile_mode
         return torch.compile(self.model, dynamic=False, mode=mode)
 
