@@ -100,7 +100,8 @@ def test_a_short_run_writes_the_documented_log_and_learns(synthetic, tmp_path):
     assert [(int(s), k) for s, _, k, *_ in steps if k == "val"] == [(0, "val"), (5, "val"), (10, "val"),
                                                                    (12, "val")]
     assert [int(s) for s, _, k, *_ in steps if k == "train"] == list(range(1, 13))
-    assert body[-1].startswith("peak memory allocated: ") and len(body) == 12 + 4 + 1
+    assert body[-2].startswith("peak memory allocated: ") and body[-1].startswith("phases: ")
+    assert len(body) == 12 + 4 + 2
     times = [int(t) for *_, t, _ in steps]
     assert times == sorted(times)
     val = [float(x) for _, _, k, x, *_ in steps if k == "val"]
@@ -137,8 +138,8 @@ def test_absurd_lr_diverges_with_exit_status_zero(synthetic, tmp_path, capsys):
     assert rc == 0
     lines = log.read_text().splitlines()
     assert lines[-1] == "run diverged: non-finite train_loss at step 2"
-    assert lines[-2].startswith("peak memory allocated: ")
-    assert re.match(r"step:2/6 train_loss:(nan|inf) ", lines[-3])
+    assert lines[-2].startswith("phases: ") and lines[-3].startswith("peak memory allocated: ")
+    assert re.match(r"step:2/6 train_loss:(nan|inf) ", lines[-4])
     assert read_record(log).status == "diverged"
 
 
@@ -179,6 +180,7 @@ def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkey
                      log_path=log, env={})
     lines = log.read_text().splitlines()
     assert lines[-1] == "run failed: RuntimeError: disk on fire second line"
+    assert lines[-2].startswith("phases: ") and lines[-3].startswith("peak memory allocated: ")
     assert read_record(log).status == "failed"
 
 

@@ -80,7 +80,7 @@ def alive(pid: int) -> bool:
 def assert_stopped_log(log: Path, signum: int) -> None:
     lines = log.read_text().splitlines()
     assert lines[-1] == STOPPED[signum]
-    assert lines[-2].startswith("peak memory allocated: ")
+    assert lines[-2].startswith("phases: ") and lines[-3].startswith("peak memory allocated: ")
     assert any(line.startswith("step:0/800 val_loss:") for line in lines)
     assert not any(line.startswith("step:800/800 val_loss:") for line in lines)     # stopped early
     record = read_record(log)

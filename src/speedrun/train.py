@@ -3,6 +3,9 @@
 The command's arguments and :func:`main`; the run itself is :func:`speedrun.training.loop.run_training`
 (standalone, or under ``torchrun --standalone --nproc_per_node=N --no-python speedrun train ...``).
 
+Phases: the log's ``phases:`` line counts from the process's start (the kernel's start time on Linux, else
+the import of :mod:`speedrun.support.phases`, imported here before torch; :func:`speedrun.support.phases.process_start`).
+
 Stopping (the command, :func:`main`): a signal or the launcher's end stops the run through
 :mod:`speedrun.support.stopping`; the log ends with ``run failed: terminated by SIGTERM`` (or ``interrupted by
 SIGINT``), is renamed to ``--out`` like any failed run's, and the command exits with 128 + the signal.
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 
 from speedrun.support.stopping import die_with_parent, run_until_stopped  # first: before torch's import
+from speedrun.support.phases import IMPORTED_AT  # noqa: F401  (first too: the start where /proc is missing)
 
 import torch
 

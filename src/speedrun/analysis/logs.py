@@ -10,8 +10,9 @@ Three formats (speedrun-spec.md section 4; docs/formats.md "Training log"):
   warm-up messages), then ``step:{s}/{N} [train_loss:x|val_loss:x] train_time:{ms}ms step_avg:{ms}ms``
   lines and ``peak memory ...``. A file may start with a separator (Oct-Nov 2024) or with the code.
 * ``speedrun``: our own ``speedrun train`` logs: ``key: value`` header lines (first line ``speedrun: <ver>``),
-  one separator, the same step lines as ``modded``, ``peak memory allocated: ...`` and possibly a
-  ``run diverged: ...`` or ``run failed: ...`` line.
+  one separator, the same step lines as ``modded``, ``peak memory allocated: ...``, the ``phases:`` line
+  (:mod:`speedrun.support.phases`; absent from logs written before it) and possibly a ``run diverged: ...`` or
+  ``run failed: ...`` line.
 
 Only what follows the last separator line is searched for step lines, and every pattern is anchored at a
 line start, so the ``print0(f"step:...")`` strings inside a code dump are never taken as metrics.
@@ -57,6 +58,8 @@ from speedrun.analysis.provenance import modded_provenance, sha256, speedrun_pro
 from speedrun.analysis.provenance import versions as read_versions
 from speedrun.errors import SpeedrunError
 from speedrun.support.divergence import DivergenceWatch
+from speedrun.support.phases import PREFIX as PHASES_PREFIX
+from speedrun.support.phases import overhead_seconds, parse_phases
 
 Format = Literal["speedrun", "modded", "llmc"]
 Status = Literal["complete", "diverged", "truncated", "failed"]
@@ -102,6 +105,10 @@ class RunRecord:
     ``git_dirty``, ``config_sha256``, ``train_data_sha256``, ``val_data_sha256`` (hex), ``val_tokens``,
     ``tokens_per_step`` (tokens), ``device`` (our ``device:`` header), ``compile_s`` (s, compile and warm-up,
     not in train_time), ``compile_flags`` (sorted compile settings), ``versions`` (python, torch, cuda, triton).
+
+    Phases (our ``phases:`` line, :mod:`speedrun.support.phases`; ``None`` for a log without it):
+    ``phases_s`` maps each phase, ``wall`` and ``first_batch`` to seconds; ``validations`` counts the
+    evaluations; :attr:`overhead_s` is ``wall - training - compile``.
     """
 
     file: str
@@ -133,11 +140,20 @@ class RunRecord:
     device: str | None = None
     compile_s: float | None = None
     compile_flags: tuple[str, ...] | None = None
+    phases_s: Mapping[str, float] | None = None
+    validations: int | None = None
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Seconds of the run's process besides training and compile (``wall - training - compile`` of
+        :attr:`phases_s`), or ``None`` without a ``phases:`` line."""
+        return None if self.phases_s is None else overhead_seconds(self.phases_s)
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON-ready dict (docs/formats.md "Parsed run")."""
         out = asdict(self)
         out["versions"] = dict(self.versions)
+        out["phases_s"] = None if self.phases_s is None else dict(self.phases_s)
         out["compile_flags"] = None if self.compile_flags is None else list(self.compile_flags)
         return out
 
@@ -160,6 +176,8 @@ class RunRecord:
         if values.get("compile_flags") is not None:
             values["compile_flags"] = tuple(values["compile_flags"])
         values["versions"] = dict(values.get("versions") or {})
+        if values.get("phases_s") is not None:
+            values["phases_s"] = dict(values["phases_s"])
         return cls(**values)
 
 
@@ -323,6 +341,22 @@ def _peak_memory(body: bytes) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _phases(body: bytes, path: str | Path) -> dict[str, Any]:
+    """``phases_s`` and ``validations`` of our log's ``phases:`` line (empty when it has none).
+
+    Raises:
+        SpeedrunError: the line is malformed (:func:`speedrun.support.phases.parse_phases`).
+    """
+    line = _first_line(body, PHASES_PREFIX.encode())
+    if line is None:
+        return {}
+    try:
+        seconds, count = parse_phases(line)
+    except ValueError as e:
+        raise SpeedrunError(f"{path}: line {line[:60]!r}...: {e}") from None
+    return {"phases_s": seconds, "validations": count}
+
+
 def _float(x: bytes | None) -> float | None:
     return None if x is None or x == b"" else float(x)
 
@@ -341,7 +375,7 @@ def _record(scan: _Scan, data: bytes, path: str | Path) -> RunRecord:
     status, reason = _status(scan, result)
     final = result.final if status == "complete" else None
     if scan.format == "speedrun":
-        info = speedrun_provenance(scan.meta, path)
+        info = {**speedrun_provenance(scan.meta, path), **_phases(scan.body, path)}
     else:
         info = modded_provenance(scan.meta, scan.code)
     return RunRecord(

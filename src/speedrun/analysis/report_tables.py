@@ -15,7 +15,7 @@ import pandas as pd
 
 from speedrun.analysis.comparison_tables import STATUS_MARK, sides_lines
 from speedrun.analysis.groups import run_label
-from speedrun.analysis.tables import DASH, md_table, provenance_table, status_counts
+from speedrun.analysis.tables import DASH, md_table, provenance_table, run_time_table, status_counts
 from speedrun.analysis.tests import missing_times
 
 
@@ -229,13 +229,21 @@ def no_comparison_line(summary: Sequence[Mapping[str, Any]], baseline: str) -> s
     return f"{given}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} not tested against the baseline."
 
 
+RUN_TIME_NOTE = ("Each run's process from its start to its log's `phases:` line (docs/formats.md \"Training log\"): "
+                 "overhead = wall - train_time - compile, made of the phases after it (start-up with the imports, "
+                 "device set-up, data, process group, model and optimizer builds, every validation, teardown) and "
+                 "`other`, what no phase covers. The launcher's and torchrun's own time and the interpreter's exit "
+                 "are outside wall.")
+
+
 def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Mapping[str, Any]],
                    runs: pd.DataFrame, baseline: str, target: float, alpha: float,
                    records: Sequence[Mapping[str, Any]] = (), described: Mapping[str, str] | None = None,
                    replicates: Sequence[str] = ()) -> str:
     """The report's Markdown: warnings, variant statistics (with what each variant runs, ``described``, and
-    which variants' seeds are ``replicates``), candidate-vs-baseline tests and rules, the run table and the runs'
-    provenance (``records``: parsed-run records with their ``variant``)."""
+    which variants' seeds are ``replicates``), candidate-vs-baseline tests and rules, the run table, the runs'
+    wall time by phase (logs with a ``phases:`` line) and the runs' provenance (``records``: parsed-run records
+    with their ``variant``)."""
     lines = ["# Speedrun experiment", "",
              f"Target val_loss {target}; a variant reaches it when the one-sided one-sample t-test of mean val_loss "
              f"< {target} gives p < {alpha} with at least 3 counted runs (`scipy.stats.ttest_1samp(x, {target}, "
@@ -252,7 +260,11 @@ def render_summary(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[M
     lines += (render_comparisons(comparisons, summary, alpha) if comparisons
               else [no_comparison_line(summary, baseline)])
     lines += ["", "## Runs", ""] + runs_lines(runs)
-    table = provenance_table(records, [f"{r.get('variant', '')} {run_label(str(r.get('file', '')))}" for r in records])
+    labels = [f"{r.get('variant', '')} {run_label(str(r.get('file', '')))}" for r in records]
+    times = run_time_table(records, labels)
+    if times:
+        lines += ["", "## Run time (s)", "", RUN_TIME_NOTE, ""] + times
+    table = provenance_table(records, labels)
     if table:
         lines += ["", "## Provenance", ""] + table
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from speedrun.analysis.groups import Group, run_label
 from speedrun.analysis.snippets import one_sample_snippet
+from speedrun.support.phases import PHASES, other_seconds, overhead_seconds
 
 if TYPE_CHECKING:
     from speedrun.analysis.group_stats import GroupStats
@@ -271,6 +272,35 @@ def provenance_table(runs: Sequence[Mapping[str, Any]], labels: Sequence[str]) -
         return []
     rows = [[label] + [provenance_cell(r, k) or DASH for k, _ in columns] for r, label in zip(runs, labels)]
     return md_table(["Run"] + [h for _, h in columns], rows)
+
+
+# The run-time table's phase columns: the phases besides training and compile, which have their own columns.
+_OVERHEAD_PHASES = tuple(p for p in PHASES if p not in ("training", "compile"))
+
+
+def run_time_table(runs: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
+    """Markdown lines of where each run's wall time went (seconds; parsed-run JSON objects with their
+    ``phases_s``, docs/formats.md "Parsed run"): ``wall``, ``train_time``, ``compile``, the overhead
+    (``wall - training - compile``: :func:`speedrun.support.phases.overhead_seconds`), then the overhead's
+    parts (the other phases, ``validation`` with its count) and ``other`` (what no phase covers). One row per
+    run that has phases, ``labels`` naming them; empty when none has (logs written before the ``phases:`` line,
+    public logs)."""
+    rows = []
+    for run, label in zip(runs, labels):
+        seconds = run.get("phases_s")
+        if not seconds:
+            continue
+        parts = [f"{seconds.get(p, 0.0):.2f}" for p in _OVERHEAD_PHASES]
+        count = run.get("validations")
+        parts[_OVERHEAD_PHASES.index("validation")] += f" ({count})" if count is not None else ""
+        rows.append([label, f"{seconds['wall']:.2f}", f"{seconds.get('training', 0.0):.2f}",
+                     f"{seconds.get('compile', 0.0):.2f}", f"**{overhead_seconds(seconds):.2f}**", *parts,
+                     f"{other_seconds(seconds):.2f}"])
+    if not rows:
+        return []
+    header = ["Run", "wall", "train_time", "compile", "overhead",
+              *(f"{p} (n)" if p == "validation" else p for p in _OVERHEAD_PHASES), "other"]
+    return md_table(header, rows)
 
 
 def _provenance(s: "GroupStats") -> list[str]:

@@ -18,6 +18,7 @@ failed run's too (so that the failure is reported, as ``failed`` by the log pars
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -26,6 +27,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from speedrun.support.stopping import RunStopped  # first: before torch's import
 from speedrun.support.divergence import DivergenceWatch
+from speedrun.support.phases import RunPhases
 
 import numpy as np
 import torch
@@ -55,11 +57,12 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 @dataclass
 class RunResult:
-    """What a run ended with: ``status``, and every logged loss at full precision as
-    ``(step, "train" | "val", loss)`` in log order."""
+    """What a run ended with: ``status``, every logged loss at full precision as ``(step, "train" | "val",
+    loss)`` in log order, and for a diverged run why (``reason``, the text of its ``run diverged:`` line)."""
 
     status: RunStatus = "complete"
     losses: list[tuple[int, LossKind, float]] = field(default_factory=list)
+    reason: str | None = None
 
 
 class TrainClock:
@@ -86,7 +89,7 @@ class TrainClock:
         self._since = None
 
     def elapsed_ms(self) -> float:
-        """Training time so far in ms, including the running interval."""
+        """Training time so far in ms, including the running interval (synchronizes the GPU)."""
         self._sync()
         running = _now() - self._since if self._since is not None else 0.0
         return 1000.0 * (self._total + running)
@@ -219,23 +222,27 @@ class _Run:
     """The state of one run on this rank: model, optimizers, data, clock and log."""
 
     def __init__(self, config: TrainConfig, seed: int, data: TrainingData, device: torch.device,
-                 launch: Launch, log: RunLog):
-        self.config, self.device, self.launch, self.log = config, device, launch, log
-        torch.manual_seed(seed)
-        self.model = GPT(config.model_config()).to(device)
-        if launch.world_size > 1:
-            for p in self.model.parameters():
-                dist.broadcast(p.data, src=0)
-        self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
-        self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
-        self.optimizers: Optimizers = build_optimizers(
-            self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
-        self.forward = self._compiled() if config.compute.compile else self.model
-        self.batches = train_batches(config.train_batches, data.train_shards, data.train_bos,
-                                     config.micro_batch_tokens, config.batch_at(0)[1])
-        self.val = [to_torch(mb, device) for mb in validation_batches(
-            data.val_tokens, data.val_bos, config.evaluation.val_tokens, config.evaluation.val_batch_tokens,
-            launch.rank, launch.world_size)]
+                 launch: Launch, log: RunLog, phases: RunPhases):
+        self.config, self.device, self.launch, self.log, self.phases = config, device, launch, log, phases
+        with phases.timed("model"):
+            torch.manual_seed(seed)
+            self.model = GPT(config.model_config()).to(device)
+            if launch.world_size > 1:
+                for p in self.model.parameters():
+                    dist.broadcast(p.data, src=0)
+            self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
+            self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
+        with phases.timed("optimizer"):
+            self.optimizers: Optimizers = build_optimizers(
+                self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
+        with phases.timed("model"):                              # the torch.compile wrapper (lazy: no compile yet)
+            self.forward = self._compiled() if config.compute.compile else self.model
+        with phases.timed("data"):
+            self.batches = train_batches(config.train_batches, data.train_shards, data.train_bos,
+                                         config.micro_batch_tokens, config.batch_at(0)[1])
+            self.val = [to_torch(mb, device) for mb in validation_batches(
+                data.val_tokens, data.val_bos, config.evaluation.val_tokens, config.evaluation.val_batch_tokens,
+                launch.rank, launch.world_size)]
         enabled = resolve_dtype(config.compute.dtype, device.type) == "bfloat16"      # dtype auto: bf16 on CUDA only
         self.autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
         self.clock = TrainClock(device)
@@ -255,6 +262,10 @@ class _Run:
 
             self.prefetch = StepPrefetcher(self.batches, cfg.steps, shape_at, cfg.micro_batches,
                                            self.launch.rank, self.launch.world_size, self.device)
+            begin = _now()
+            first = self.prefetch.get(step)
+            self.phases.first_batch = _now() - begin                # inside train_time: not a phase of its own
+            return first
         return self.prefetch.get(step)
 
     def close(self) -> None:
@@ -287,12 +298,16 @@ class _Run:
             self.model.set_window_blocks(*blocks, rescale=self.config.yarn_at_window_change(step))
 
     def validate(self, step: int) -> str | None:
-        """Validate with the clock stopped and log the line; why the run has diverged, or None."""
+        """Validate with the clock stopped and log the line (the time from the clock's stop to its restart
+        counted as the phase ``validation``); why the run has diverged, or None."""
         self.clock.stop()
+        begin = _now()
         self.set_windows(step)
         val_loss = self.evaluate(self.val, self.launch.world_size)
         self.log.write(val_line(step, self.config.steps, val_loss, self.clock.elapsed_ms()))
         self.result.losses.append((step, "val", val_loss))
+        self.phases.add("validation", _now() - begin)
+        self.phases.validations += 1
         self.clock.start()
         return self.watch.val(step, val_loss)
 
@@ -314,6 +329,7 @@ class _Run:
             self.model.untie_embed_head()
             self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
         max_seq_len = cfg.batch_at(step)[1]
+        self.phases.mark_first_step()
         mine = self.step_batches(step)
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.self_reduced_parameters(),
@@ -332,7 +348,8 @@ class _Run:
         Replays :func:`warm_up_plan`: a forward and backward on dummy micro-batches for each training step
         in it (with that step's batch shape and windows) and a validation forward on one chunk for each
         validation step in it, so that no graph is compiled during the run; then puts back the schedule
-        state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes."""
+        state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes. Its
+        seconds are also the phase ``compile``."""
         start = _now()
         if not self.config.compute.compile:
             return 0.0
@@ -351,10 +368,23 @@ class _Run:
         model.restore_schedule_state(saved)
         model.zero_grad(set_to_none=True)
         self.clock.sync()
-        return _now() - start
+        seconds = _now() - start
+        self.phases.add("compile", seconds)
+        return seconds
 
     def run(self) -> RunResult:
-        """The training loop; the result's status is ``complete`` or ``diverged`` (after logging why)."""
+        """The training loop, then the ``peak memory`` line; the result's status is ``complete`` or
+        ``diverged`` (with why: the caller writes the ``run diverged:`` line, after the teardown). The
+        training time is counted as the phase ``training``, also when the loop raises."""
+        try:
+            self._loop()
+        finally:
+            self.clock.stop()
+            self.phases.add("training", self.clock.elapsed_ms() / 1000.0)
+        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
+        return self.result
+
+    def _loop(self) -> None:
         cfg = self.config
         self.clock.start()
         for step in range(cfg.steps + 1):
@@ -367,56 +397,74 @@ class _Run:
             why = self.train(step)
             if why:
                 return self._diverged(why)
-        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
-        return self.result
 
-    def _diverged(self, why: str) -> RunResult:
-        self.log.write(peak_memory_line(*peak_memory_mib(self.device)))
-        self.log.write(f"run diverged: {why}")
-        self.result.status = "diverged"
-        return self.result
+    def _diverged(self, why: str) -> None:
+        self.result.status, self.result.reason = "diverged", why
 
 
 def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: str | os.PathLike[str],
                  bos_dir: str | os.PathLike[str], log_path: str | os.PathLike[str],
-                 env: Mapping[str, str] | None = None, gpus: GpuRequirement = GpuRequirement()) -> RunResult:
+                 env: Mapping[str, str] | None = None, gpus: GpuRequirement = GpuRequirement(),
+                 phases: RunPhases | None = None) -> RunResult:
     """Train one run and write its log to ``log_path`` (rank 0). Returns its :class:`RunResult` (status
     ``complete`` or ``diverged``, and the losses).
 
     ``env``: the launch variables (default ``os.environ``). ``gpus``: what a GPU run's GPUs must be; this
-    node must show one per local process (:func:`speedrun.training.preflight.preflight`). Raises
+    node must show one per local process (:func:`speedrun.training.preflight.preflight`). ``phases``: where
+    the run's phases are counted (default: a :class:`~speedrun.support.phases.RunPhases` from the process's
+    start, built now); the log's ``phases:`` line, after ``peak memory ...``, records them. Raises
     :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
     the config; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
     and re-raised, the log renamed to ``log_path`` all the same.
+
+    The order at the end: the last validation, the ``peak memory`` line, the teardown (the prefetching thread
+    stopped, the process group destroyed), then the ``phases:`` line and, for a diverged run, ``run diverged:
+    <why>``, and the log's rename. A failed run's log is finished before the process group is destroyed (a
+    destroy that hangs after a failure on another rank must not keep the log from its name).
     """
+    phases = RunPhases() if phases is None else phases
     env = os.environ if env is None else env
-    launch = Launch(env)
-    launch.check(config)
-    preflight(config.compute.device, gpus, env, config.world_size)
-    device = resolve_device(config.compute.device, launch.local_rank)
+    with phases.timed("device"):
+        launch = Launch(env)
+        launch.check(config)
+        preflight(config.compute.device, gpus, env, config.world_size)
+        device = resolve_device(config.compute.device, launch.local_rank)
+        if device.type == "cuda":
+            phases.sync = torch.cuda.synchronize
     config = config.resolved_for(device)                  # dtype auto -> bfloat16 on CUDA, float32 on a CPU
-    data = load_training_data(shards_dir, bos_dir)
-    check_data_feeds(config, data)
+    with phases.timed("data"):
+        data = load_training_data(shards_dir, bos_dir)
+        check_data_feeds(config, data)
     header = _header(config, variant, seed, launch, device, data)
-    with process_group(launch, device):
+    group = contextlib.ExitStack()
+    with phases.timed("process_group"):
+        group.enter_context(process_group(launch, device))
+    with group:                                           # destroys the process group after a failure
         log = RunLog(log_path if launch.rank == 0 else None)
         written, run = False, None
         try:
-            run = _Run(config, seed, data, device, launch, log)
+            run = _Run(config, seed, data, device, launch, log, phases)
             header["compile_s"] = f"{run.warm_up():.1f}"
             _write_header(log, header)
             written = True
             result = run.run()
-            run.close()
-        except BaseException as e:
-            if run is not None:
+            with phases.timed("teardown"):
                 run.close()
+                group.close()                             # destroy_process_group, in the phase
+        except BaseException as e:
+            with phases.timed("teardown"):
+                if run is not None:
+                    run.close()
             if not written:
                 _write_header(log, header)
             log.write(peak_memory_line(*peak_memory_mib(device)))
+            log.write(phases.line())
             log.write(failure_line(e))
             log.finish()
             raise
+        log.write(phases.line())
+        if result.status == "diverged":
+            log.write(f"run diverged: {result.reason}")
         log.finish()
     return result
 

@@ -3,8 +3,9 @@
 Rank 0 writes, in order: ``key: value`` header lines, a line of exactly 100 ``=``, the step lines
 ``step:{s}/{N} val_loss:{x:.4f} train_time:{ms:.0f}ms step_avg:{ms/max(s,1):.2f}ms`` and
 ``step:{s}/{N} train_loss:{x:.4f} train_time:{ms:.0f}ms step_avg:{ms/s:.2f}ms``, then
-``peak memory allocated: {MiB} MiB reserved: {MiB} MiB`` and, for a run that did not complete,
-``run diverged: ...`` or ``run failed: ...`` as the last line.
+``peak memory allocated: {MiB} MiB reserved: {MiB} MiB``, the ``phases: ...`` line
+(:mod:`speedrun.support.phases`) and, for a run that did not complete, ``run diverged: ...`` or
+``run failed: ...`` as the last line.
 
 :class:`RunLog` writes to a temporary file beside the final path (flushed line by line, so it can be
 tailed) and renames it to the final path only in :meth:`RunLog.finish`: a file under the final name is
