@@ -375,7 +375,8 @@ def test_a_run_folder_with_a_configfile_keeps_the_projects_config(tmp_path):
 
 def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     """Snakemake's own message ("Config file is not valid JSON or YAML") names neither the file nor the line;
-    the Snakefile checks its config.yaml first."""
+    the Snakefile checks its config.yaml first, and prints the one line without Snakemake's frames of the
+    Snakefile (it was `SpeedrunError in file .../Snakefile, line 16:` and two `File ...` lines)."""
     from cluster_support import copy_workflow, micro_config, snakemake
 
     workdir = copy_workflow(tmp_path, micro_config({"baseline": {"seeds": [0]}}))
@@ -387,6 +388,7 @@ def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     lines = (workdir / "config.yaml").read_text().count("\n")
     assert re.search(rf"config.yaml: not valid YAML: line {lines + 1}, column 1: while parsing a flow sequence "
                      rf"\(line {lines}, column 17\); expected ',' or ']'", out), out[-2000:]
+    assert "SpeedrunError in file" not in out and 'File "' not in out, out[-2000:]
 
 
 def test_a_target_of_an_unknown_seed_is_one_line(workflow, micro_config):
