@@ -3,9 +3,17 @@ calls them) so that each says where a wrong value really comes from."""
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Iterable
 
 from speedrun.errors import number_text_hint
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'steps'?)`` for a misspelt ``key`` when one to three of ``known`` are close to it
+    (difflib's ratio >= 0.75, as ``stesp`` to ``steps``), else ``""``."""
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def schema_value_hint(config_files: str, key: str, value: Any) -> str:

@@ -28,8 +28,8 @@ import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.errors import SpeedrunError, number_text_hint
-from speedrun.workflow.messages import more_data_hint, schema_value_hint
-from speedrun.model.config import PRESETS
+from speedrun.workflow.messages import did_you_mean, more_data_hint, schema_value_hint
+from speedrun.model.config import PRESETS, GPTConfig
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
 from speedrun.training.config import ComputeDtype, ComputeSettings, TrainConfig, resolve_dtype
@@ -198,8 +198,9 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
 
     Raises:
         SpeedrunError: one line naming ``where`` and the key: ``stats.baseline`` not a variant; a variant named
-            ``compare``; a seed that is not an integer; an unknown or misspelt training setting (named where it
-            is written, ``train.<key>`` or ``variants.<variant>.train.<key>``); a setting ``speedrun train``
+            ``compare``; a seed that is not an integer; an unknown or misspelt training or model setting (named
+            where it is written, ``train.<key>``, ``variants.<variant>.train.<key>`` or ``...train.model.<key>``,
+            with the closest valid names); a setting ``speedrun train``
             would refuse (naming the variant, or the shared ``train`` section when every variant fails the same
             way there); a ``train.world_size`` that does not split over ``train.nodes``; two variants with the
             same resolved settings.
@@ -239,12 +240,22 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
 
 
 def _check_known_keys(where: str, sections: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """Refuse a key of a ``train`` section (``train``, ``variants.<v>.train``) that is no training setting, or
+    a key of its ``model`` mapping that is no :class:`~speedrun.model.config.GPTConfig` field, named where it is
+    written, with the closest names (a typo) and the valid ones."""
     known = sorted([*TrainConfig.setting_names(), "nodes"])
+    model_known = [f.name for f in dataclasses.fields(GPTConfig)]
     for section, settings in sections:
         for key in settings:
             if key not in known:
-                raise SpeedrunError(f"{where}: {section}.{key}: unknown training setting; expected one of "
-                                    f"{', '.join(known)}")
+                raise SpeedrunError(f"{where}: {section}.{key}: unknown training setting{did_you_mean(key, known)}; "
+                                    f"expected one of {', '.join(known)}")
+        model = settings.get("model")
+        for key in model if isinstance(model, Mapping) else ():
+            if key not in model_known:
+                raise SpeedrunError(f"{where}: {section}.model.{key}: unknown model setting"
+                                    f"{did_you_mean(key, model_known)}; expected a field of GPTConfig "
+                                    f"(speedrun.model.config): {', '.join(model_known)}")
 
 
 def _where_refused(error: SpeedrunError, shared: Mapping[str, Any], variant: str) -> str:
