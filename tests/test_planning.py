@@ -9,7 +9,8 @@ import json
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import check_config_syntax, check_training_data, replace_default_variants
+from speedrun.workflow.planning import (check_config_syntax, check_training_data, match_document_files,
+                                       replace_default_variants)
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
@@ -137,3 +138,23 @@ def test_config_values_on_top_of_a_configfile_still_apply_and_without_one_nothin
     assert replace_default_variants(config, [other], command_line) is False
     assert sorted(config["variants"]) == ["baseline", "candidate"]
     assert config["variants"]["baseline"]["seeds"] == [5]
+
+
+def test_document_patterns_match_in_order_and_one_that_matches_nothing_is_named(tmp_path, monkeypatch):
+    """data.files.paths: each pattern's matches sorted, pattern by pattern, a file once; a pattern matching no
+    file (a misspelt path beside good ones was left out of the dataset silently) and an empty list refused."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("b.txt", "a.txt", "sub/c.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert match_document_files(["sub/*.jsonl", "*.txt", "b.txt"], "c.yaml") == ["sub/c.jsonl", "a.txt", "b.txt"]
+    assert match_document_files(["**/*.jsonl"], "c.yaml") == ["sub/c.jsonl"]
+    with pytest.raises(SpeedrunError) as refused:
+        match_document_files(["a.txt", "mising.txt"], "config.yaml + c.yaml")
+    assert str(refused.value) == (f"config.yaml + c.yaml: data.files.paths: 'mising.txt' matches no file (read from "
+                                  f"{tmp_path}); expected a path or glob pattern of existing documents files")
+    with pytest.raises(SpeedrunError, match=r"^c.yaml: data.files.paths is empty; data.source 'files' needs glob "):
+        match_document_files([], "c.yaml")
+    with pytest.raises(SpeedrunError) as refused:
+        match_document_files([str(tmp_path / "none" / "*.parquet")], "c.yaml")
+    assert "matches no file; expected" in str(refused.value)          # an absolute pattern: no folder named

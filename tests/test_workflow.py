@@ -297,7 +297,7 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "flex.yaml": ("variants:\n  v: {seeds: [0], train: {preset: record28}}\nstats: {baseline: v}\n",
                       "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
         "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",
-                       "files.yaml: data.files.paths \\['nonexistent/\\*.txt'\\] match no file"),
+                       "files.yaml: data.files.paths: 'nonexistent/\\*.txt' matches no file \\(read from "),
         "folder.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.txt]}}\n",
                         r"folder.yaml: data.files.paths: in/sub.txt is not a file \(a folder\?\)"),
         "suffix.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.csv]}}\n",

@@ -434,6 +434,30 @@ def replace_default_variants(config: dict[str, Any], configfiles: list[str | Pat
     return True
 
 
+def match_document_files(patterns: list[str], where: str) -> list[str]:
+    """The files of ``data.files.paths`` (data.source ``files``): each glob pattern's matches sorted (``**``
+    recursive), pattern by pattern, a file matched twice kept at its first place. Relative patterns are read
+    from the current folder (Snakemake's working folder).
+
+    Raises :class:`SpeedrunError` naming ``where`` (the config files) for an empty list, and for a pattern that
+    matches no file: a misspelt path among others would otherwise be left out of the dataset silently."""
+    import glob
+    import os
+
+    if not patterns:
+        raise SpeedrunError(f"{where}: data.files.paths is empty; data.source 'files' needs glob patterns of "
+                            "documents files (.parquet, .jsonl/.ndjson, .txt)")
+    files: list[str] = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matched:
+            relative = "" if os.path.isabs(os.path.expanduser(pattern)) else f" (read from {os.getcwd()})"
+            raise SpeedrunError(f"{where}: data.files.paths: {pattern!r} matches no file{relative}; expected a "
+                                "path or glob pattern of existing documents files")
+        files.extend(f for f in matched if f not in files)
+    return files
+
+
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
     if key not in cfg:
         raise SpeedrunError(f"{what}: training setting `{key}` is missing (expected an integer)")
