@@ -391,6 +391,21 @@ def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     assert "SpeedrunError in file" not in out and 'File "' not in out, out[-2000:]
 
 
+def test_a_comparison_or_bundle_of_the_baseline_is_one_line_naming_the_candidates(tmp_path):
+    """`snakemake results/bundle/baseline` (the baseline as its own candidate): one line naming the config
+    file, stats.baseline and the candidates to name instead."""
+    from cluster_support import copy_workflow, micro_config, snakemake
+
+    cfg = micro_config({"baseline": {"seeds": [0]}, "fast": {"seeds": [0], "train": {"muon_lr": 0.04}}})
+    workdir = copy_workflow(tmp_path, cfg)
+    for target in ("results/bundle/baseline", "results/stats/compare/baseline.json"):
+        done = snakemake(workdir, "-n", "--cores", "1", target)
+        assert done.returncode != 0
+        assert ("config.yaml: variant 'baseline' is stats.baseline: it is not compared with itself; expected a "
+                "candidate, one of fast") in done.stdout, done.stdout[-2000:]
+        assert "Traceback" not in done.stdout
+
+
 def test_a_target_of_an_unknown_seed_is_one_line(workflow, micro_config):
     """`snakemake results/train/baseline/seed5.txt` for a seed the config does not list: one line naming the
     config file and the variant's seeds (it was an InputFunctionException with a traceback)."""
