@@ -37,6 +37,18 @@ def test_a_dataset_that_feeds_the_run_passes_and_one_too_small_is_refused(datase
         check_training_data({**SETTINGS, "steps": 4000}, shards, bos, what="variant 'v'")
 
 
+def test_val_tokens_beyond_the_validation_shard_are_refused_saying_how_many_fit(dataset):
+    shards, bos = dataset
+    held = json.loads((shards / "manifest.json").read_text())["shards"][0]["tokens"]
+    check_training_data({**SETTINGS, "val_tokens": held - 1}, shards, bos, what="variant 'v'")   # the most that fit
+    with pytest.raises(SpeedrunError) as refused:
+        check_training_data({**SETTINGS, "val_tokens": held}, shards, bos, what="variant 'v'")
+    assert str(refused.value) == (
+        f"variant 'v': val_tokens is {held} but the validation shard of {shards} holds {held} tokens (it needs "
+        f"val_tokens + 1 = {held + 1}: the targets are the inputs shifted by one); lower train.val_tokens to at most "
+        f"{held - 1}, or use a larger validation shard")
+
+
 @pytest.mark.parametrize("folder, key", [(0, "tokens"), (0, "split"), (0, "file"), (1, "shard"), (1, "file")])
 def test_a_manifest_entry_without_a_key_is_named(dataset, folder, key):
     directory = dataset[folder]

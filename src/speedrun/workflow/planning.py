@@ -512,7 +512,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     if val["tokens"] < val_tokens + 1:
         raise SpeedrunError(
             f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {val['tokens']} "
-            f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
+            f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one); "
+            f"lower train.val_tokens to at most {val['tokens'] - 1}, or use a larger validation shard"
         )
     bos = {entry["shard"]: bos_dir / entry["file"]
            for entry in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS, stage="bos_index")["shards"]}
