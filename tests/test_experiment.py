@@ -159,4 +159,4 @@ def test_the_data_check_runs_once_per_data_shape(monkeypatch):
                                             "c": {"seeds": [0], "train": {"steps": 30}}}))
     for variant, _ in experiment.run_order:
         experiment.check_data(variant, "shards", "bos")
-    assert checked == [(60, "config.yaml: variant 'baseline'", True), (30, "config.yaml: variant 'c'", True)]
+    assert checked == [(60, f"config.yaml: {SHARED_TRAIN}", True), (30, "config.yaml: variant 'c'", True)]

@@ -101,7 +101,8 @@ class Variant:
     (``settings``: ``train`` merged with the variant's overrides, ``nodes`` included), resolved once
     (``train``: the :class:`TrainConfig` ``speedrun train`` builds from ``params``, its dtype resolved for a
     ``cpu`` or ``cuda`` device), ``params`` (the canonical JSON the train rule passes, :func:`train_params`)
-    and its ``placement``."""
+    its ``placement`` and ``overrides``, the training keys the variant itself sets (messages name the shared
+    ``train`` section for a value the variant does not set)."""
 
     name: str
     seeds: tuple[int, ...]
@@ -109,6 +110,7 @@ class Variant:
     train: TrainConfig
     params: str
     placement: Placement
+    overrides: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -171,11 +173,14 @@ class Experiment:
     def check_data(self, variant: str, shards_dir: str | Path, bos_dir: str | Path) -> None:
         """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed
         (:func:`check_training_data`); variants of the same data shape (:data:`DATA_SHAPE_KEYS`) are checked
-        once."""
+        once. The message names the variant when it sets one of those keys itself, else the shared ``train``
+        section."""
         settings = json.loads(json.dumps(self.variant(variant).train.settings()))     # every setting, JSON values
         key = (json.dumps([settings[k] for k in DATA_SHAPE_KEYS]), str(shards_dir), str(bos_dir))
         if key not in self._data_checked:
-            check_training_data(settings, shards_dir, bos_dir, what=f"{self.where}: variant {variant!r}",
+            own = set(DATA_SHAPE_KEYS) & self.variant(variant).overrides
+            check_training_data(settings, shards_dir, bos_dir,
+                                what=f"{self.where}: {f'variant {variant!r}' if own else SHARED_TRAIN}",
                                 corpus_fixed=self.corpus_fixed)
             self._data_checked.add(key)
 
@@ -233,7 +238,7 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
         placement = _placement(where, settings, train, f"variant {name!r}" if {"nodes", "world_size"} &
                                overrides.keys() else SHARED_TRAIN)
         resolved[name] = Variant(name=name, seeds=tuple(variants[name]["seeds"]), settings=settings, train=train,
-                                 params=train_params(train), placement=placement)
+                                 params=train_params(train), placement=placement, overrides=frozenset(overrides))
     _check_distinct(where, resolved, baseline, variants)
     return Experiment(where=where, dataset=config["data"]["name"], variants=resolved, baseline=baseline,
                       corpus_fixed=config["data"]["source"] == "embedded")
