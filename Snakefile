@@ -6,14 +6,21 @@ import os
 
 from snakemake.utils import min_version
 
+from snakemake.logging import logger
+
+from speedrun.errors import SpeedrunError
 from speedrun.workflow.planning import check_config_syntax
 
 min_version("9.27")
 
 # The project's own config.yaml, beside this Snakefile, also under `-d DIR` (a path relative to DIR would be
 # skipped silently when --configfile is given); --configfile files are read on top of it. A YAML error in it is
-# named with its line first (Snakemake's own message names neither file nor line).
-check_config_syntax(os.path.join(workflow.basedir, "config.yaml"))
+# named with its line first, in one line without Snakemake's frames (its own message names neither file nor line).
+try:
+    check_config_syntax(os.path.join(workflow.basedir, "config.yaml"))
+except SpeedrunError as error:
+    logger.error(str(error))
+    raise SystemExit(1)
 
 
 configfile: os.path.join(workflow.basedir, "config.yaml")

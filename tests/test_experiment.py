@@ -82,7 +82,15 @@ def test_placement_gives_the_scheduler_its_resources(train, placed):
      "another variant name"),
     (config({"baseline": {"seeds": [1.0]}}), "config.yaml: variants.baseline.seeds: 1.0 is not an integer; write 1"),
     (config({"baseline": {"seeds": [0]}, "b": {"seeds": [0], "train": {"muon_rl": 0.04}}}),
-     "config.yaml: variants.b.train.muon_rl: unknown training setting; expected one of adam_betas, "),
+     "config.yaml: variants.b.train.muon_rl: unknown training setting (did you mean 'muon_lr'?); expected one "
+     "of adam_betas, "),
+    (config(train={**TRAIN, "stesp": 60}),
+     "config.yaml: train.stesp: unknown training setting (did you mean 'steps'?); expected one of adam_betas, "),
+    (config({"baseline": {"seeds": [0]}, "b": {"seeds": [0], "train": {"model": {"n_layr": 2}}}}),
+     "config.yaml: variants.b.train.model.n_layr: unknown model setting (did you mean 'n_layer'?); expected a "
+     "field of GPTConfig (speedrun.model.config): vocab_size, n_layer, "),
+    (config(train={**TRAIN, "model": {"zzz": 1}}),
+     "config.yaml: train.model.zzz: unknown model setting; expected a field of GPTConfig"),
     (config(train={**TRAIN, "steps": 10.0}), f"config.yaml: {SHARED_TRAIN}: train.steps must be an integer >= 1, "
                                              "got 10.0"),
     (config({"baseline": {"seeds": [0]}, "b": {"seeds": [0], "train": {"steps": 0}}}),
@@ -151,4 +159,4 @@ def test_the_data_check_runs_once_per_data_shape(monkeypatch):
                                             "c": {"seeds": [0], "train": {"steps": 30}}}))
     for variant, _ in experiment.run_order:
         experiment.check_data(variant, "shards", "bos")
-    assert checked == [(60, "config.yaml: variant 'baseline'", True), (30, "config.yaml: variant 'c'", True)]
+    assert checked == [(60, f"config.yaml: {SHARED_TRAIN}", True), (30, "config.yaml: variant 'c'", True)]

@@ -70,3 +70,15 @@ def test_the_schema_says_relative_paths_are_read_from_the_working_folder():
     text = (ROOT / "workflow/schemas/config.schema.yaml").read_text()
     assert "relative to the workflow folder" not in text
     assert "relative paths are read from Snakemake's working folder: the `-d` folder when given" in text
+
+
+def test_seeds_given_as_one_number_are_shown_as_the_list_they_may_mean():
+    """`seeds: 3` (three runs, or seed 3?): the schema's "3 is not of type 'array'" says how to write either."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["variants"]["candidate"]["seeds"] = 3
+    assert schema_error_message("config.yaml", _schema_error(config)) == (
+        "config.yaml: variants.candidate.seeds: 3 is not of type 'array' (seeds is a list, one run per seed: [3] for "
+        "seed 3, [0, 1, 2] for 3 runs)")
+    config["variants"]["candidate"]["seeds"] = 10
+    assert schema_error_message("config.yaml", _schema_error(config)).endswith("[10] for seed 10, [0, 1, ..., 9] for "
+                                                                                 "10 runs)")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import check_config_syntax, check_training_data, replace_default_variants
+from speedrun.workflow.planning import (check_config_syntax, check_training_data, match_document_files,
+                                       replace_default_variants)
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
@@ -58,6 +59,18 @@ def test_contiguous_batches_are_counted_as_whole_slices_of_each_train_shard(data
     stages = [(0, SETTINGS["tokens_per_step"], T)]
     aligned = steps_fed(10**6, SETTINGS["micro_batches"], stages, lengths, starts)
     assert steps_fed(10**6, SETTINGS["micro_batches"], stages, lengths, starts, "contiguous") == steps != aligned
+
+
+def test_val_tokens_beyond_the_validation_shard_are_refused_saying_how_many_fit(dataset):
+    shards, bos = dataset
+    held = json.loads((shards / "manifest.json").read_text())["shards"][0]["tokens"]
+    check_training_data({**SETTINGS, "val_tokens": held - 1}, shards, bos, what="variant 'v'")   # the most that fit
+    with pytest.raises(SpeedrunError) as refused:
+        check_training_data({**SETTINGS, "val_tokens": held}, shards, bos, what="variant 'v'")
+    assert str(refused.value) == (
+        f"variant 'v': val_tokens is {held} but the validation shard of {shards} holds {held} tokens (it needs "
+        f"val_tokens + 1 = {held + 1}: the targets are the inputs shifted by one); lower train.val_tokens to at most "
+        f"{held - 1}, or use a larger validation shard")
 
 
 @pytest.mark.parametrize("folder, key", [(0, "tokens"), (0, "split"), (0, "file"), (1, "shard"), (1, "file")])
@@ -161,3 +174,23 @@ def test_config_values_on_top_of_a_configfile_still_apply_and_without_one_nothin
     assert replace_default_variants(config, [other], command_line) is False
     assert sorted(config["variants"]) == ["baseline", "candidate"]
     assert config["variants"]["baseline"]["seeds"] == [5]
+
+
+def test_document_patterns_match_in_order_and_one_that_matches_nothing_is_named(tmp_path, monkeypatch):
+    """data.files.paths: each pattern's matches sorted, pattern by pattern, a file once; a pattern matching no
+    file (a misspelt path beside good ones was left out of the dataset silently) and an empty list refused."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("b.txt", "a.txt", "sub/c.jsonl"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert match_document_files(["sub/*.jsonl", "*.txt", "b.txt"], "c.yaml") == ["sub/c.jsonl", "a.txt", "b.txt"]
+    assert match_document_files(["**/*.jsonl"], "c.yaml") == ["sub/c.jsonl"]
+    with pytest.raises(SpeedrunError) as refused:
+        match_document_files(["a.txt", "mising.txt"], "config.yaml + c.yaml")
+    assert str(refused.value) == (f"config.yaml + c.yaml: data.files.paths: 'mising.txt' matches no file (read from "
+                                  f"{tmp_path}); expected a path or glob pattern of existing documents files")
+    with pytest.raises(SpeedrunError, match=r"^c.yaml: data.files.paths is empty; data.source 'files' needs glob "):
+        match_document_files([], "c.yaml")
+    with pytest.raises(SpeedrunError) as refused:
+        match_document_files([str(tmp_path / "none" / "*.parquet")], "c.yaml")
+    assert "matches no file; expected" in str(refused.value)          # an absolute pattern: no folder named

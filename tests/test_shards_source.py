@@ -57,6 +57,24 @@ def test_a_bad_folder_is_refused_in_one_line(tmp_path, files, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_folder_without_shards_says_what_it_holds(tmp_path):
+    """The folder above the shards (modded-nanogpt's data/ for data/fineweb10B/) names the subfolder to give;
+    another folder lists its entries, an empty one says so."""
+    write_folder(tmp_path / "data" / "fineweb10B", GOOD)
+    with pytest.raises(SpeedrunError) as error:
+        list_shard_folder(tmp_path / "data")
+    assert str(error.value) == (f"data.shards.path {tmp_path / 'data'}: no validation shard (*_val_*.bin) in the "
+                                f"folder; its subfolder fineweb10B/ holds one: set data.shards.path to "
+                                f"{tmp_path / 'data' / 'fineweb10B'}")
+    write_folder(tmp_path / "other", {"fineweb_train_000001.bin": GOOD["fineweb_train_000001.bin"], "a.txt": b""})
+    with pytest.raises(SpeedrunError, match=r"in the folder \(it holds a.txt, fineweb_train_000001.bin\)$"):
+        list_shard_folder(tmp_path / "other")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpeedrunError, match=r"no validation shard \(\*_val_\*.bin\) in the folder \(the folder is "
+                                            r"empty\)$"):
+        list_shard_folder(tmp_path / "empty")
+
+
 def test_a_missing_folder_is_refused(tmp_path):
     with pytest.raises(SpeedrunError, match="not a folder"):
         list_shard_folder(tmp_path / "nowhere")

@@ -239,8 +239,10 @@ def test_bad_paths_are_errors(tmp_path):
         collect_runs([str(tmp_path)])
     (tmp_path / "outer" / "baseline").mkdir(parents=True)
     (tmp_path / "outer" / "this_pr").mkdir()
-    with pytest.raises(SpeedrunError, match="its subfolders baseline, this_pr may: pass them"):
+    with pytest.raises(SpeedrunError) as refused:
         collect_runs([str(tmp_path / "outer")])
+    assert str(refused.value).endswith(f"its subfolders may hold them: pass {tmp_path / 'outer' / '*'} (one group "
+                                       "per subfolder: baseline, this_pr)")
     with pytest.raises(SpeedrunError, match="no such file"):
         collect_runs([str(tmp_path / "nope")])
 
@@ -695,12 +697,12 @@ def test_many_paths_skip_what_holds_no_logs_with_a_note(tmp_path, capsys):
     assert [g["group"] for g in json.loads(out)] == [str(runs)]
     assert err.splitlines() == [
         f"speedrun stats: note: skipped {tmp_path / 'outer'}: holds no training logs or parsed-run .json files; "
-        "its subfolders baseline may: pass them (one group each)",
+        f"its subfolders may hold them: pass {tmp_path / 'outer' / '*'} (one group per subfolder: baseline)",
         f"speedrun stats: note: skipped {readme}: not a training log or parsed-run .json: a .md file"]
     assert cli.main(["stats", str(tmp_path / "outer"), str(readme)]) == 2      # nothing left: the first error
     assert capsys.readouterr().err == (f"speedrun stats: error: {tmp_path / 'outer'}: holds no training logs or "
-                                       "parsed-run .json files; its subfolders baseline may: pass them (one group "
-                                       "each)\n")
+                                       "parsed-run .json files; its subfolders may hold them: pass "
+                                       f"{tmp_path / 'outer' / '*'} (one group per subfolder: baseline)\n")
 
 
 @pytest.mark.skipif(not _reference_logs().is_dir(), reason="the public reference logs are absent")

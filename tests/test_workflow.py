@@ -297,7 +297,7 @@ def test_planning_refuses_misspelt_training_settings_and_unmatched_files(tmp_pat
         "flex.yaml": ("variants:\n  v: {seeds: [0], train: {preset: record28}}\nstats: {baseline: v}\n",
                       "variant 'v': train.model.attention_backend 'flex' trains on CUDA only"),
         "files.yaml": ("data: {source: files, name: mine, files: {paths: [nonexistent/*.txt]}}\n",
-                       "files.yaml: data.files.paths \\['nonexistent/\\*.txt'\\] match no file"),
+                       "files.yaml: data.files.paths: 'nonexistent/\\*.txt' matches no file \\(read from "),
         "folder.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.txt]}}\n",
                         r"folder.yaml: data.files.paths: in/sub.txt is not a file \(a folder\?\)"),
         "suffix.yaml": ("data: {source: files, name: mine, files: {paths: [in/*.csv]}}\n",
@@ -375,7 +375,8 @@ def test_a_run_folder_with_a_configfile_keeps_the_projects_config(tmp_path):
 
 def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     """Snakemake's own message ("Config file is not valid JSON or YAML") names neither the file nor the line;
-    the Snakefile checks its config.yaml first."""
+    the Snakefile checks its config.yaml first, and prints the one line without Snakemake's frames of the
+    Snakefile (it was `SpeedrunError in file .../Snakefile, line 16:` and two `File ...` lines)."""
     from cluster_support import copy_workflow, micro_config, snakemake
 
     workdir = copy_workflow(tmp_path, micro_config({"baseline": {"seeds": [0]}}))
@@ -387,6 +388,22 @@ def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     lines = (workdir / "config.yaml").read_text().count("\n")
     assert re.search(rf"config.yaml: not valid YAML: line {lines + 1}, column 1: while parsing a flow sequence "
                      rf"\(line {lines}, column 17\); expected ',' or ']'", out), out[-2000:]
+    assert "SpeedrunError in file" not in out and 'File "' not in out, out[-2000:]
+
+
+def test_a_comparison_or_bundle_of_the_baseline_is_one_line_naming_the_candidates(tmp_path):
+    """`snakemake results/bundle/baseline` (the baseline as its own candidate): one line naming the config
+    file, stats.baseline and the candidates to name instead."""
+    from cluster_support import copy_workflow, micro_config, snakemake
+
+    cfg = micro_config({"baseline": {"seeds": [0]}, "fast": {"seeds": [0], "train": {"muon_lr": 0.04}}})
+    workdir = copy_workflow(tmp_path, cfg)
+    for target in ("results/bundle/baseline", "results/stats/compare/baseline.json"):
+        done = snakemake(workdir, "-n", "--cores", "1", target)
+        assert done.returncode != 0
+        assert ("config.yaml: variant 'baseline' is stats.baseline: it is not compared with itself; expected a "
+                "candidate, one of fast") in done.stdout, done.stdout[-2000:]
+        assert "Traceback" not in done.stdout
 
 
 def test_a_target_of_an_unknown_seed_is_one_line(workflow, micro_config):

@@ -214,7 +214,9 @@ def get_compare_records(wildcards):
 
 def get_candidate_records(wildcards):
     if wildcards.variant == BASELINE:
-        fail_planning(f"variant {BASELINE!r} is the baseline: it is not compared with itself")
+        others = f"one of {', '.join(CANDIDATES)}" if CANDIDATES else "another variant (there is none)"
+        fail_planning(f"{CONFIG_FILES}: variant {BASELINE!r} is stats.baseline: it is not compared with itself; "
+                      f"expected a candidate, {others}")
     return get_parsed("json", wildcards.variant)
 
 

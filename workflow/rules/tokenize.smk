@@ -6,12 +6,11 @@
 #   shards        a folder of shards already on disk (data.shards.path), checked and linked where they are
 #                 (symbolic links; the manifest records their paths and sha256), never copied.
 # Both ways give the bytes modded-nanogpt's data/fineweb.py gives for the same documents in the same order.
-import glob
 import shlex
 
 from speedrun.data.documents import SUFFIXES, document_format
 from speedrun.data.shard_folder import list_shard_folder
-from speedrun.workflow.planning import shards_path
+from speedrun.workflow.planning import match_document_files, shards_path
 
 
 def get_document_files():
@@ -21,11 +20,10 @@ def get_document_files():
         return get_downloaded_files()
     if source != "files":
         return []
-    files = []
-    for pattern in config["data"]["files"]["paths"]:
-        files.extend(f for f in sorted(glob.glob(pattern, recursive=True)) if f not in files)
-    if not files:
-        fail_planning(f"{CONFIG_FILES}: data.files.paths {config['data']['files']['paths']} match no file")
+    try:
+        files = match_document_files(config["data"]["files"]["paths"], CONFIG_FILES)
+    except SpeedrunError as e:
+        fail_planning(str(e))
     for f in files:     # now, not when its job runs after the files before it
         if not os.path.isfile(f):
             fail_planning(f"{CONFIG_FILES}: data.files.paths: {f} is not a file (a folder?); expected documents "

@@ -281,8 +281,8 @@ def collect_runs(paths: Sequence[str | os.PathLike[str]], code_split: CodeSplit 
             raise SpeedrunError(f"{arg}: holds none of the files given with --only")
         if not runs and not known:
             subfolders = sorted(e.name for e in os.scandir(arg) if e.is_dir()) if os.path.isdir(arg) else []
-            hint = (f"; its subfolders {', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''} may: "
-                    "pass them (one group each)" if subfolders else "")
+            hint = (f"; its subfolders may hold them: pass {os.path.join(arg, '*')} (one group per subfolder: "
+                    f"{', '.join(subfolders[:6])}{', ...' if len(subfolders) > 6 else ''})" if subfolders else "")
             raise SpeedrunError(f"{arg}: holds no training logs or parsed-run .json files{hint}")
     if skipped_paths and not found:
         raise skipped_paths[0]

@@ -30,13 +30,29 @@ def list_shard_folder(folder: str | os.PathLike[str]) -> list[Path]:
     val = sorted(p.resolve() for p in path.glob("*_val_*.bin"))
     train = sorted(p.resolve() for p in path.glob("*_train_*.bin"))
     if not val:
-        raise SpeedrunError(f"data.shards.path {folder}: no validation shard (*_val_*.bin) in the folder")
+        raise SpeedrunError(f"data.shards.path {folder}: no validation shard (*_val_*.bin) in the folder"
+                            f"{_held(path)}")
     if len(val) > 1:
         raise SpeedrunError(f"data.shards.path {folder}: {len(val)} validation shards ({val[0].name}, {val[1].name}"
                             "...); expected one *_val_*.bin")
     if not train:
-        raise SpeedrunError(f"data.shards.path {folder}: no training shard (*_train_*.bin) in the folder")
+        raise SpeedrunError(f"data.shards.path {folder}: no training shard (*_train_*.bin) in the folder"
+                            f"{_held(path)}")
     shards = val + train
     for shard in shards:
         read_header(shard)
     return shards
+
+
+def _held(path: Path) -> str:
+    """What a folder without the shards holds, for its message: the subfolder that holds a ``*_val_*.bin`` (the
+    folder given one level too high, e.g. modded-nanogpt's ``data/`` for ``data/fineweb10B/``), else its
+    first entries, or that it is empty."""
+    entries = sorted(path.iterdir(), key=lambda p: p.name)
+    nested = [p for p in entries if p.is_dir() and any(p.glob("*_val_*.bin"))]
+    if nested:
+        return f"; its subfolder {nested[0].name}/ holds one: set data.shards.path to {nested[0]}"
+    if not entries:
+        return " (the folder is empty)"
+    names = [p.name + ("/" if p.is_dir() else "") for p in entries]
+    return f" (it holds {', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"

@@ -3,9 +3,17 @@ calls them) so that each says where a wrong value really comes from."""
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Iterable
 
 from speedrun.errors import number_text_hint
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'steps'?)`` for a misspelt ``key`` when one to three of ``known`` are close to it
+    (difflib's ratio >= 0.75, as ``stesp`` to ``steps``), else ``""``."""
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def schema_value_hint(config_files: str, key: str, value: Any) -> str:
@@ -13,7 +21,12 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
     (``config.yaml + --config``), quotes are not the cause: Snakemake's ``--config`` hands the numbers inside a
     list or mapping (``--config 'variants={"baseline": {"seeds": [0]}}'``) to the workflow as text, so the hint
     says to set ``key`` in a ``--configfile`` instead. Otherwise :func:`speedrun.errors.number_text_hint`
-    (``write 0 without quotes``); ``""`` for a value that is no number written as text."""
+    (``write 0 without quotes``); ``""`` for a value that is no number written as text. A variant's ``seeds``
+    given as one integer (``seeds: 3``) is shown as the list it may have meant."""
+    if key.endswith(".seeds") and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        runs = ", ".join(map(str, range(value))) if value <= 4 else f"0, 1, ..., {value - 1}"
+        more = f", [{runs}] for {value} runs" if value > 1 else ""
+        return f" (seeds is a list, one run per seed: [{value}] for seed {value}{more})"
     hint = number_text_hint(value)
     if not hint or "--config" not in config_files.replace("--configfile", ""):
         return hint

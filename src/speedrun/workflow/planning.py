@@ -28,8 +28,8 @@ import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.errors import SpeedrunError, number_text_hint
-from speedrun.workflow.messages import more_data_hint, schema_value_hint
-from speedrun.model.config import PRESETS
+from speedrun.workflow.messages import did_you_mean, more_data_hint, schema_value_hint
+from speedrun.model.config import PRESETS, GPTConfig
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
 from speedrun.training.config import ComputeDtype, ComputeSettings, DeviceChoice, TrainConfig, resolve_dtype
@@ -103,7 +103,8 @@ class Variant:
     (``settings``: ``train`` merged with the variant's overrides, ``nodes`` included), resolved once
     (``train``: the :class:`TrainConfig` ``speedrun train`` builds from ``params``, its dtype resolved for a
     ``cpu`` or ``cuda`` device), ``params`` (the canonical JSON the train rule passes, :func:`train_params`)
-    and its ``placement``.
+    its ``placement`` and ``overrides``, the training keys the variant itself sets (messages name the shared
+    ``train`` section for a value the variant does not set).
 
     A script variant (``script``, :class:`~speedrun.workflow.script_variants.ScriptSpec`) has no ``train``
     (None): its script sets its own model and schedule; ``settings`` holds only the keys that place it
@@ -116,6 +117,7 @@ class Variant:
     params: str
     placement: Placement
     script: ScriptSpec | None = None
+    overrides: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -204,13 +206,16 @@ class Experiment:
     def check_data(self, variant: str, shards_dir: str | Path, bos_dir: str | Path) -> None:
         """Refuse, at planning time, a variant whose batches the train or validation shards cannot feed
         (:func:`check_training_data`); variants of the same data shape (:data:`DATA_SHAPE_KEYS`) are checked
-        once."""
-        if self.variant(variant).train is None:           # a script variant: its script reads the shards itself
+        once. The message names the variant when it sets one of those keys itself, else the shared ``train``
+        section. A script variant is not checked: its script reads the shards itself."""
+        if self.variant(variant).train is None:
             return
         settings = json.loads(json.dumps(self.variant(variant).train.settings()))     # every setting, JSON values
         key = (json.dumps([settings[k] for k in DATA_SHAPE_KEYS]), str(shards_dir), str(bos_dir))
         if key not in self._data_checked:
-            check_training_data(settings, shards_dir, bos_dir, what=f"{self.where}: variant {variant!r}",
+            own = set(DATA_SHAPE_KEYS) & self.variant(variant).overrides
+            check_training_data(settings, shards_dir, bos_dir,
+                                what=f"{self.where}: {f'variant {variant!r}' if own else SHARED_TRAIN}",
                                 corpus_fixed=self.corpus_fixed)
             self._data_checked.add(key)
 
@@ -242,8 +247,9 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
 
     Raises:
         SpeedrunError: one line naming ``where`` and the key: ``stats.baseline`` not a variant; a variant named
-            ``compare``; a seed that is not an integer; an unknown or misspelt training setting (named where it
-            is written, ``train.<key>`` or ``variants.<variant>.train.<key>``); a setting ``speedrun train``
+            ``compare``; a seed that is not an integer; an unknown or misspelt training or model setting (named
+            where it is written, ``train.<key>``, ``variants.<variant>.train.<key>`` or ``...train.model.<key>``,
+            with the closest valid names); a setting ``speedrun train``
             would refuse (naming the variant, or the shared ``train`` section when every variant fails the same
             way there); a ``train.world_size`` that does not split over ``train.nodes``; two variants with the
             same resolved settings; for a script variant (:mod:`speedrun.workflow.script_variants`): a bad
@@ -281,7 +287,7 @@ def resolve_experiment(config: Mapping[str, Any], where: str = "config.yaml") ->
         placement = _placement(where, settings, train.world_size, train.compute.device,
                                f"variant {name!r}" if {"nodes", "world_size"} & overrides.keys() else SHARED_TRAIN)
         resolved[name] = Variant(name=name, seeds=tuple(variants[name]["seeds"]), settings=settings, train=train,
-                                 params=train_params(train), placement=placement)
+                                 params=train_params(train), placement=placement, overrides=frozenset(overrides))
     _check_distinct(where, resolved, baseline, variants)
     return Experiment(where=where, dataset=config["data"]["name"], variants=resolved, baseline=baseline,
                       corpus_fixed=config["data"]["source"] == "embedded")
@@ -324,12 +330,22 @@ def shards_path(config: Mapping[str, Any]) -> str:
 
 
 def _check_known_keys(where: str, sections: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """Refuse a key of a ``train`` section (``train``, ``variants.<v>.train``) that is no training setting, or
+    a key of its ``model`` mapping that is no :class:`~speedrun.model.config.GPTConfig` field, named where it is
+    written, with the closest names (a typo) and the valid ones."""
     known = sorted([*TrainConfig.setting_names(), "nodes"])
+    model_known = [f.name for f in dataclasses.fields(GPTConfig)]
     for section, settings in sections:
         for key in settings:
             if key not in known:
-                raise SpeedrunError(f"{where}: {section}.{key}: unknown training setting; expected one of "
-                                    f"{', '.join(known)}")
+                raise SpeedrunError(f"{where}: {section}.{key}: unknown training setting{did_you_mean(key, known)}; "
+                                    f"expected one of {', '.join(known)}")
+        model = settings.get("model")
+        for key in model if isinstance(model, Mapping) else ():
+            if key not in model_known:
+                raise SpeedrunError(f"{where}: {section}.model.{key}: unknown model setting"
+                                    f"{did_you_mean(key, model_known)}; expected a field of GPTConfig "
+                                    f"(speedrun.model.config): {', '.join(model_known)}")
 
 
 def _where_refused(error: SpeedrunError, shared: Mapping[str, Any], variant: str) -> str:
@@ -512,6 +528,30 @@ def replace_default_variants(config: dict[str, Any], configfiles: list[str | Pat
     return True
 
 
+def match_document_files(patterns: list[str], where: str) -> list[str]:
+    """The files of ``data.files.paths`` (data.source ``files``): each glob pattern's matches sorted (``**``
+    recursive), pattern by pattern, a file matched twice kept at its first place. Relative patterns are read
+    from the current folder (Snakemake's working folder).
+
+    Raises :class:`SpeedrunError` naming ``where`` (the config files) for an empty list, and for a pattern that
+    matches no file: a misspelt path among others would otherwise be left out of the dataset silently."""
+    import glob
+    import os
+
+    if not patterns:
+        raise SpeedrunError(f"{where}: data.files.paths is empty; data.source 'files' needs glob patterns of "
+                            "documents files (.parquet, .jsonl/.ndjson, .txt)")
+    files: list[str] = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matched:
+            relative = "" if os.path.isabs(os.path.expanduser(pattern)) else f" (read from {os.getcwd()})"
+            raise SpeedrunError(f"{where}: data.files.paths: {pattern!r} matches no file{relative}; expected a "
+                                "path or glob pattern of existing documents files")
+        files.extend(f for f in matched if f not in files)
+    return files
+
+
 def _setting(cfg: Mapping[str, Any], key: str, what: str) -> int:
     if key not in cfg:
         raise SpeedrunError(f"{what}: training setting `{key}` is missing (expected an integer)")
@@ -567,7 +607,8 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
     if val["tokens"] < val_tokens + 1:
         raise SpeedrunError(
             f"{what}: val_tokens is {val_tokens} but the validation shard of {shards_dir} holds {val['tokens']} "
-            f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one)"
+            f"tokens (it needs val_tokens + 1 = {val_tokens + 1}: the targets are the inputs shifted by one); "
+            f"lower train.val_tokens to at most {val['tokens'] - 1}, or use a larger validation shard"
         )
     bos = {entry["shard"]: bos_dir / entry["file"]
            for entry in read_manifest(bos_dir, "shards", BOS_ENTRY_KEYS, stage="bos_index")["shards"]}
