@@ -22,7 +22,7 @@
 #   bash benchmarks/gpu_workflow.sh dry-check  # on a CPU, with the project's .venv/bin on PATH and PYTHONPATH=src:
 #                                              # the shards folder (CORPUS, default ../shared/corpora/debian-docs),
 #                                              # the config's CPU variant (cuda -> cpu, no compile, sdpa_docs;
-#                                              # script variants dropped while the schema lacks them), the data
+#                                              # script variants left out: their files are laid out on the device), the data
 #                                              # stages and `snakemake -n report`
 # Everything the runs write lives under /tmp/gpu-workflow (the carried tree is laid anew at each call); the logs,
 # the table (runs.txt) and its rows (runs.jsonl) are copied to $OUT at every poll.
