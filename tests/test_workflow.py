@@ -235,12 +235,12 @@ def test_code_edit_reruns_the_stages_that_import_it(workflow, edited, reruns, ne
 
 
 def test_impossible_batch_is_refused_before_training(workflow, micro_config):
-    """One line naming the config file, the variant and the keys to lower; no traceback, and no shard count
-    the embedded corpus could never reach."""
+    """One line naming the config file, where the steps are set (the shared `train` section, not the first
+    variant) and the keys to lower; no traceback, and no shard count the embedded corpus could never reach."""
     proc = _plan_with(workflow, micro_config, lambda cfg: cfg["train"].update(steps=1000000), "report", check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "config.yaml: variant 'baseline': 1000000 steps" in out and "train shards of" in out
+    assert "config.yaml: the shared `train` section (every variant): 1000000 steps" in out and "train shards of" in out
     assert "Lower train.steps or train.tokens_per_step, or use a larger dataset (data.source: fineweb)" in out
     assert "Traceback" not in out and "InputFunctionException" not in out and "Use about" not in out
 
