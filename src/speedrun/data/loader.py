@@ -114,7 +114,15 @@ def _check_positive(name: str, value: int) -> int:
     return int(value)
 
 
-class _Planner:
+class _BatchShape:
+    """The batch shape of a planner: T (``micro_batch_tokens``) and ``max_seq_len``, both checked positive."""
+
+    def set_batch(self, micro_batch_tokens: int, max_seq_len: int) -> None:
+        self.micro_batch_tokens = _check_positive("micro_batch_tokens", micro_batch_tokens)
+        self.max_seq_len = _check_positive("max_seq_len", max_seq_len)
+
+
+class _Planner(_BatchShape):
     """The shared cursor over the train shards: (shard, next unused BOS), and the batch shape."""
 
     def __init__(self, shard_lengths: Sequence[int], bos_indices: Sequence[np.ndarray],
@@ -134,9 +142,8 @@ class _Planner:
         self.set_batch(micro_batch_tokens, max_seq_len)
 
     def set_batch(self, micro_batch_tokens: int, max_seq_len: int) -> None:
-        self.micro_batch_tokens = _check_positive("micro_batch_tokens", micro_batch_tokens)
-        self.max_seq_len = _check_positive("max_seq_len", max_seq_len)
-        self._plans: dict[int, _ShardPlan] = {}
+        super().set_batch(micro_batch_tokens, max_seq_len)
+        self._plans: dict[int, _ShardPlan] = {}             # a new max_seq_len cuts the documents anew
 
     def _plan_of(self, shard: int) -> _ShardPlan:
         if shard not in self._plans:
@@ -165,7 +172,7 @@ class _Planner:
         return [Segment(self.shard, int(s), int(s + n)) for s, n in zip(starts, lengths)]
 
 
-class _ContiguousPlanner:
+class _ContiguousPlanner(_BatchShape):
     """The shared cursor of contiguous micro-batches: (shard, next start position), and the batch shape.
     ``max_seq_len`` is kept for the interface only (no document is cut)."""
 
@@ -176,10 +183,6 @@ class _ContiguousPlanner:
         self.shard = 0
         self.position = 0
         self.set_batch(micro_batch_tokens, max_seq_len)
-
-    def set_batch(self, micro_batch_tokens: int, max_seq_len: int) -> None:
-        self.micro_batch_tokens = _check_positive("micro_batch_tokens", micro_batch_tokens)
-        self.max_seq_len = _check_positive("max_seq_len", max_seq_len)
 
     def next_micro_batch(self) -> tuple[int, int] | None:
         """(shard, start) of the next micro-batch (tokens ``[start, start + T + 1)`` of that shard), advancing
