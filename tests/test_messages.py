@@ -15,6 +15,7 @@ import yaml
 
 from speedrun.data.documents import iter_text_batches
 from speedrun.errors import SpeedrunError
+from speedrun.workflow.messages import more_data_hint
 from speedrun.workflow.planning import check_training_data, schema_error_message
 from synthetic_data import write_dataset
 
@@ -48,9 +49,20 @@ def test_a_one_document_corpus_is_told_to_add_documents_not_shards(tmp_path):
         check_training_data(settings, shards, bos, what="variant 'v'")
     message = str(refused.value)
     assert "train shards)" not in message
-    assert ("use more documents: the train shards hold 0 document start(s) (BOS), each document feeds at most "
-            "max_seq_len 128 tokens, so 4 steps need at least 16 documents (more shards of the same documents would "
-            "not help)") in message
+    assert ("use more documents: the train shards hold 0 document start(s) (BOS) and feed 0 steps; each document "
+            "feeds a step at most max_seq_len 128 tokens, so 4 steps need at least 16 documents (the same documents "
+            "cut into more shards would not help)") in message
+
+
+def test_the_documents_a_staged_schedule_needs_weigh_each_stages_sequences():
+    stages = [(0, 1024, 128), (2, 2048, 256)]        # 8 sequences a step in both stages
+    # 40 documents fed 2 steps (16 sequences): all 4 steps (32 sequences) need about 80
+    assert more_data_hint(1, 4, 2, 100_000, stages, 40).endswith(
+        "feed 2 steps; each document feeds a step at most max_seq_len 128-256 tokens, so 4 steps need about 80 "
+        "documents (the same documents cut into more shards would not help)")
+    assert "need at least 32 documents" in more_data_hint(1, 4, 0, 100_000, stages, 0)
+    assert more_data_hint(2, 4, 2, 4096, stages, 40) == "use more data (about 4 train shards)"   # most tokens read
+    assert more_data_hint(2, 4, 2, 100_000, stages, None) == "use more data (about 4 train shards)"  # contiguous
 
 
 def test_a_file_without_the_text_column_names_the_setting(tmp_path):

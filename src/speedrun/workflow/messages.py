@@ -4,6 +4,7 @@ calls them) so that each says where a wrong value really comes from."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Any, Iterable
 
 from speedrun.errors import number_text_hint
@@ -34,19 +35,31 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
             f"with or without quotes; set {key} in a YAML file given with --configfile)")
 
 
-def more_data_hint(train_shards: int, steps: int, fed: int, tokens: int, tokens_per_step: int, max_seq_len: int,
+def more_data_hint(train_shards: int, steps: int, fed: int, tokens: int, stages: Sequence[tuple[int, int, int]],
                    documents: int | None) -> str:
-    """What more data a run that the train shards cannot feed needs (after "or "). When the steps fed read most
-    of the tokens, more shards of the same kind: about ``train_shards * steps / fed``. When they read less than
-    half (documents longer than ``max_seq_len`` lose their tails: a one-document corpus feeds one sequence
-    however many shards it fills), more shards of the same documents would not help: the hint counts
-    documents instead, ``steps * tokens_per_step / max_seq_len`` of them at least (``documents``: how many
-    the train shards hold, their BOS tokens; None: no document is cut, contiguous batches, so more shards
-    always help)."""
+    """What more data a run that the train shards cannot feed needs (after "or "). ``stages``: ``(first step,
+    tokens per step, max_seq_len)`` per batch stage (:meth:`speedrun.training.config.TrainConfig.batch_stages`).
+    When the steps fed read most of the tokens, more shards of the same kind: about ``train_shards * steps /
+    fed``. When they read less than half (documents longer than ``max_seq_len`` lose their tails: a one-document
+    corpus feeds one sequence however many shards it fills), cutting the same documents into more shards would
+    not help: the hint counts documents instead (``documents``: how many the train shards hold, their BOS
+    tokens; None: no document is cut, contiguous batches, so more shards always help). Their number: at least
+    one per max_seq_len tokens of every step, summed over the stages (the sequences the steps read), and about
+    ``documents`` x the sequences of all ``steps`` / those of the ``fed`` ones (documents feed sequences in
+    proportion, copies of a shard included)."""
+    tokens_per_step = stages[0][1]
     if documents is None or fed * tokens_per_step >= tokens / 2:
         return f"use more data (about {-(-train_shards * steps // max(fed, 1))} train shards)"
-    needed = -(-steps * tokens_per_step // max_seq_len)
-    return (f"use more documents: the train shards hold {documents} document start(s) (BOS), each document feeds at "
-            f"most max_seq_len "
-            f"{max_seq_len} tokens, so {steps} steps need at least {needed} documents (more shards of the same "
-            "documents would not help)")
+    ends = [first for first, _, _ in stages[1:]] + [steps]
+
+    def demand(upto: int) -> int:   # sequences of max_seq_len that steps [0, upto) read, at least one document each
+        return sum(-(-max(0, min(end, upto) - first) * per_step // seq_len)
+                   for (first, per_step, seq_len), end in zip(stages, ends))
+    at_least = demand(steps)
+    needed, bound = ((max(at_least, -(-documents * at_least // demand(fed))), "about") if documents and fed
+                     else (at_least, "at least"))
+    lengths = sorted({seq_len for _, _, seq_len in stages})
+    seq_lens = str(lengths[0]) if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    return (f"use more documents: the train shards hold {documents} document start(s) (BOS) and feed {fed} steps; "
+            f"each document feeds a step at most max_seq_len {seq_lens} tokens, so {steps} steps need {bound} "
+            f"{needed} documents (the same documents cut into more shards would not help)")

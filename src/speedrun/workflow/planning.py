@@ -623,11 +623,14 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         tokens = sum(lengths)
         contiguous = kind == "contiguous"                # no document cut: more shards always help
         more = ("use a larger dataset (data.source: fineweb); this corpus cannot grow" if corpus_fixed
-                else more_data_hint(len(train), steps, fed, tokens, tokens_per_step, max_seq_len,
+                else more_data_hint(len(train), steps, fed, tokens, stages,
                                     None if contiguous else sum(len(b) for b in starts)))
-        how = "contiguous batches" if contiguous else f"documents cut at max_seq_len {max_seq_len}"
+        def span(values: set[int]) -> str:          # one number, or a staged schedule's range
+            return str(min(values)) if len(values) == 1 else f"{min(values)}-{max(values)}"
+        how = ("contiguous batches" if contiguous
+               else f"documents cut at max_seq_len {span({seq_len for _, _, seq_len in stages})}")
         raise SpeedrunError(
-            f"{what}: {steps} steps of {tokens_per_step} tokens ({how}) "
+            f"{what}: {steps} steps of {span({per_step for _, per_step, _ in stages})} tokens ({how}) "
             f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "
             f"only {fed} steps. Lower train.steps or train.tokens_per_step, or {more}."
             + ("" if contiguous else cut_documents_hint(fed, tokens_per_step, tokens, max_seq_len))
