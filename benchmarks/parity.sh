@@ -14,13 +14,15 @@
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
 #                                                       # BOUNDARIES for record87: 0,38,71,105,120)
-#   bash benchmarks/parity.sh session                   # the whole issue-20 session in one background job:
-#       phase A, the cold compiles side by side (record87 and record88 once each, and our parity-record87,
-#       parity-record88 and parity-record89 one after another beside them: three processes, about 100 GiB);
+#   bash benchmarks/parity.sh session [RECORD...]       # a whole issue-20 session in one background job, for
+#       the records named (record87: our parity-record87 against it; record88: our parity-record88 and, for the
+#       race, parity-record89 (HEAD) against it; default both):
+#       phase A, the cold compiles side by side (each record's script once, our configs one after another beside
+#       them: with both records three processes, about 100 GiB);
 #       phase B, each side once more alone on the GPU from the warm compile caches (the step times to report:
-#       phase A's runs share the GPU), then the summaries (summary-record87.txt, summary-record88.txt,
-#       summary-race89.txt: our HEAD preset against record #88's code). Poll it with `wait` (it waits while the
-#       session job lives).
+#       phase A's runs share the GPU), ours first, then the summaries (summary-record87.txt, summary-record88.txt,
+#       summary-race89.txt). Poll it with `wait` (it waits while the session job lives). Device time: about 25
+#       minutes for both records, about 15 for one (the record's cold compile, about 8 minutes alone, dominates).
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd), COPIES
@@ -96,25 +98,34 @@ copy_code() {   # the carried tree is laid anew at every call: runs read a copy
     mkdir -p $ROOT/code && cp -r src benchmarks $ROOT/code/
 }
 
-session_run() {   # the background job of `session` (see the header), from the copy of this script under $ROOT
-    echo "phase A $(date +%T)"
-    reference_run record87 1 & reference_run record88 1 &
-    (ours_run parity-record87 1; ours_run parity-record88 1; ours_run parity-record89 1) &
+ours_configs() {   # our parity configs against a record: record87 -> parity-record87; record88 -> + parity-record89
+    case $1 in record87) echo parity-record87 ;; record88) echo parity-record88 parity-record89 ;;
+        *) echo "parity.sh: session takes record87 or record88, got $1" >&2; exit 2 ;; esac
+}
+
+session_run() {   # session_run RECORD...: the background job of `session` (see the header), from the copy of this
+    # script under $ROOT
+    local record config configs=()
+    for record in "$@"; do read -ra more <<< "$(ours_configs "$record")"; configs+=("${more[@]}"); done
+    echo "phase A $(date +%T): $* against ${configs[*]}"
+    for record in "$@"; do reference_run "$record" 1 & done
+    (for config in "${configs[@]}"; do ours_run "$config" 1; done) &
     wait
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
-    ours_run parity-record88 2; ours_run parity-record87 2; ours_run parity-record89 2
-    reference_run record87 2; reference_run record88 2
+    for config in "${configs[@]}"; do ours_run "$config" 2; done
+    for record in "$@"; do reference_run "$record" 2; done
     echo "summaries $(date +%T)"
     cd $ROOT/code
-    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record87-*.txt \
-        --ours $ROOT/ours-parity-record87-*/parity-record87-*.txt --boundaries 0,38,71,105,120 \
-        --json $ROOT/summary-record87.json > $ROOT/summary-record87.txt 2>&1 || true
-    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record88-*.txt \
-        --ours $ROOT/ours-parity-record88-*/parity-record88-*.txt \
-        --json $ROOT/summary-record88.json > $ROOT/summary-record88.txt 2>&1 || true
-    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/record88-*.txt \
-        --ours $ROOT/ours-parity-record89-*/parity-record89-*.txt \
-        --json $ROOT/summary-race89.json > $ROOT/summary-race89.txt 2>&1 || true
+    for record in "$@"; do
+        for config in $(ours_configs "$record"); do
+            local name=summary-$record bounds=""
+            [ "$config" = parity-record89 ] && name=summary-race89
+            [ "$record" = record87 ] && bounds="--boundaries 0,38,71,105,120"
+            # shellcheck disable=SC2086
+            PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
+                --ours $ROOT/ours-$config-*/$config-*.txt $bounds --json $ROOT/$name.json > $ROOT/$name.txt 2>&1 || true
+        done
+    done
     echo "done $(date +%T)"
 }
 
@@ -130,15 +141,16 @@ prepare-data) prepare_ours ;;
 reference-run) reference_run "$2" "$3" ;;
 ours-run) ours_run "$2" "$3" ;;
 session)
-    need benchmarks/configs/parity-record87.yaml benchmarks/configs/parity-record88.yaml \
-        benchmarks/configs/parity-record89.yaml
-    prepare_reference record87; prepare_reference record88; prepare_ours; copy_code
+    shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record87 record88)
+    for record in "${records[@]}"; do ours_configs "$record" > /dev/null; prepare_reference "$record"; done
+    prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
     # from $ROOT: the carried tree it was started in is laid anew at the next call
-    setsid nohup bash -c "cd $ROOT && exec bash $ROOT/parity.sh session-run" > $ROOT/session.log 2>&1 < /dev/null &
+    setsid nohup bash -c "cd $ROOT && exec bash $ROOT/parity.sh session-run ${records[*]}" > $ROOT/session.log \
+        2>&1 < /dev/null &
     echo $! > $ROOT/session.pid
     echo "started the parity session under $ROOT (log $ROOT/session.log)" ;;
-session-run) session_run ;;
+session-run) shift; session_run "$@" ;;
 ours)
     config=${2:?config under benchmarks/configs, without .yaml}; runs=${3:-2}
     need benchmarks/configs/$config.yaml
