@@ -14,6 +14,8 @@
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
 #                                                       # BOUNDARIES for record87: 0,38,71,105,120)
+#   bash benchmarks/parity.sh prepare-data              # the data of both sides alone, checked against our three
+#                                                       # parity configs (no GPU; tests/test_parity_data.py)
 #   bash benchmarks/parity.sh session [RECORD...]       # a whole issue-20 session in one background job, for
 #       the records named (record87: our parity-record87 against it; record88: our parity-record88 and, for the
 #       race, parity-record89 (HEAD) against it; default both):
@@ -25,10 +27,9 @@
 #       minutes for both records, about 15 for one (the record's cold compile, about 8 minutes alone, dominates).
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
-# Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd), COPIES
-# (copies of the train shard, default 12).
-#   bash benchmarks/parity.sh prepare-data              # the data of both sides alone, checked against our three
-#                                                       # parity configs (no GPU; tests/test_parity_data.py)
+# Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
+# PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
+# A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns.
 set -euo pipefail
 ROOT=${PARITY_ROOT:-/tmp/parity}
 DD=${PARITY_DD:-.carry/dd}
