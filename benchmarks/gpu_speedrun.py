@@ -227,9 +227,8 @@ def check_data(path: Path, overrides: list[str], steps: int | None, data: Path) 
     workflow's own check: no token is read), so that a device call fails in seconds, not after a compile.
     Prints one line; returns 0, or 1 with the check's message."""
     config = TrainConfig.from_dict(load_settings(path, overrides, steps))
-    settings = json.loads(json.dumps(config.settings()))
     try:
-        check_training_data(settings, data / "shards", data / "bos", what=str(path))
+        check_training_data(config.settings(), data / "shards", data / "bos", what=str(path))
     except SpeedrunError as err:
         print(f"gpu_speedrun: {err}", file=sys.stderr)
         return 1

@@ -35,6 +35,14 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
             f"with or without quotes; set {key} in a YAML file given with --configfile)")
 
 
+def value_span(values: Iterable[int]) -> str:
+    """``values`` as one number, or as ``min-max`` where they differ (a staged schedule's tokens per step or
+    max_seq_len)."""
+    values = list(values)
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def more_data_hint(train_shards: int, steps: int, fed: int, tokens: int, stages: Sequence[tuple[int, int, int]],
                    documents: int | None) -> str:
     """What more data a run that the train shards cannot feed needs (after "or "). ``stages``: ``(first step,
@@ -55,11 +63,10 @@ def more_data_hint(train_shards: int, steps: int, fed: int, tokens: int, stages:
     def demand(upto: int) -> int:   # sequences of max_seq_len that steps [0, upto) read, at least one document each
         return sum(-(-max(0, min(end, upto) - first) * per_step // seq_len)
                    for (first, per_step, seq_len), end in zip(stages, ends))
-    at_least = demand(steps)
-    needed, bound = ((max(at_least, -(-documents * at_least // demand(fed))), "about") if documents and fed
-                     else (at_least, "at least"))
-    lengths = sorted({seq_len for _, _, seq_len in stages})
-    seq_lens = str(lengths[0]) if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    needed, bound = demand(steps), "at least"
+    if documents and fed:
+        needed, bound = max(needed, -(-documents * needed // demand(fed))), "about"
     return (f"use more documents: the train shards hold {documents} document start(s) (BOS) and feed {fed} steps; "
-            f"each document feeds a step at most max_seq_len {seq_lens} tokens, so {steps} steps need {bound} "
+            f"each document feeds a step at most max_seq_len {value_span(s for _, _, s in stages)} tokens, so {steps} "
+            f"steps need {bound} "
             f"{needed} documents (the same documents cut into more shards would not help)")

@@ -28,7 +28,7 @@ import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
 from speedrun.errors import SpeedrunError, number_text_hint
-from speedrun.workflow.messages import did_you_mean, more_data_hint, schema_value_hint
+from speedrun.workflow.messages import did_you_mean, more_data_hint, schema_value_hint, value_span
 from speedrun.model.config import PRESETS, GPTConfig
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule
@@ -625,12 +625,10 @@ def check_training_data(cfg: Mapping[str, Any], shards_dir: str | Path, bos_dir:
         more = ("use a larger dataset (data.source: fineweb); this corpus cannot grow" if corpus_fixed
                 else more_data_hint(len(train), steps, fed, tokens, stages,
                                     None if contiguous else sum(len(b) for b in starts)))
-        def span(values: set[int]) -> str:          # one number, or a staged schedule's range
-            return str(min(values)) if len(values) == 1 else f"{min(values)}-{max(values)}"
         how = ("contiguous batches" if contiguous
-               else f"documents cut at max_seq_len {span({seq_len for _, _, seq_len in stages})}")
+               else f"documents cut at max_seq_len {value_span(seq_len for _, _, seq_len in stages)}")
         raise SpeedrunError(
-            f"{what}: {steps} steps of {span({per_step for _, per_step, _ in stages})} tokens ({how}) "
+            f"{what}: {steps} steps of {value_span(per_step for _, per_step, _ in stages)} tokens ({how}) "
             f"need more data than the {len(train)} train shards of {shards_dir} hold ({tokens} tokens): they feed "
             f"only {fed} steps. Lower train.steps or train.tokens_per_step, or {more}."
             + ("" if contiguous else cut_documents_hint(fed, tokens_per_step, tokens, max_seq_len))
