@@ -13,7 +13,7 @@
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
-#                                                       # BOUNDARIES for record87: 0,38,71,105,120)
+#                                                       # record87: its own 0,38,71,105,120 unless BOUNDARIES)
 #   bash benchmarks/parity.sh prepare-data              # the data of both sides alone, checked against our three
 #                                                       # parity configs (no GPU; tests/test_parity_data.py)
 #   bash benchmarks/parity.sh session [RECORD...]       # a whole issue-20 session in one background job, for
@@ -94,9 +94,18 @@ ours_run() {   # ours_run CONFIG I: one run of our preset from the copy under $R
         || echo "run $i failed: $?" >> $ROOT/ours-$config-$i.out)
 }
 
-copy_code() {   # the carried tree is laid anew at every call: runs read a copy
-    [ -d $ROOT/code ] && return
-    mkdir -p $ROOT/code && cp -r src benchmarks $ROOT/code/
+copy_code() {   # the carried tree is laid anew at every call: runs read a copy, renewed while none of ours runs
+    [ -d $ROOT/code ] && pgrep -f gpu_speedrun.py > /dev/null && return
+    rm -rf $ROOT/code && mkdir -p $ROOT/code && cp -r src benchmarks $ROOT/code/
+}
+
+summarize() {   # summarize RECORD CONFIG [BOUNDARIES]: parity_summary.py over both sides' logs (record #87's own
+    # stage boundaries unless BOUNDARIES; parity_summary.py's default is the thirds of #88 and HEAD)
+    local record=$1 config=$2 bounds=${3:-}
+    [ -z "$bounds" ] && [ "$record" = record87 ] && bounds=0,38,71,105,120
+    # shellcheck disable=SC2086
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
+        --ours $ROOT/ours-$config-*/$config-*.txt ${bounds:+--boundaries $bounds} "${@:4}"
 }
 
 ours_configs() {   # our parity configs against a record: record87 -> parity-record87; record88 -> + parity-record89
@@ -119,12 +128,9 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     cd $ROOT/code
     for record in "$@"; do
         for config in $(ours_configs "$record"); do
-            local name=summary-$record bounds=""
+            local name=summary-$record
             [ "$config" = parity-record89 ] && name=summary-race89
-            [ "$record" = record87 ] && bounds="--boundaries 0,38,71,105,120"
-            # shellcheck disable=SC2086
-            PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
-                --ours $ROOT/ours-$config-*/$config-*.txt $bounds --json $ROOT/$name.json > $ROOT/$name.txt 2>&1 || true
+            summarize "$record" "$config" "" --json $ROOT/$name.json > $ROOT/$name.txt 2>&1 || true
         done
     done
     echo "done $(date +%T)"
@@ -177,9 +183,6 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     for f in $ROOT/*.out; do echo "== $f"; grep -E "val_loss|failed|Error" "$f" | tail -8; done
     exit 0 ;;
 summary)
-    record=${2:?record folder: record87, record88 or head}; config=${3:?config under benchmarks/configs}
-    # shellcheck disable=SC2086
-    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
-        --ours $ROOT/ours-$config-*/$config-*.txt ${4:+--boundaries $4} ;;
+    summarize "${2:?record folder: record87, record88 or head}" "${3:?config under benchmarks/configs}" "${4:-}" ;;
 *) echo "unknown part $1" >&2; exit 2 ;;
 esac
