@@ -40,6 +40,7 @@ import yaml
 from speedrun.analysis.logs import parse_log, read_record
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import GPTConfig
+from speedrun.model.prefix import prefix_token_table
 from speedrun.training.compile_cache import use_compile_cache
 from speedrun.training.config import TrainConfig
 from speedrun.training.loop import run_training
@@ -224,10 +225,14 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
 def check_data(path: Path, overrides: list[str], steps: int | None, data: Path) -> int:
     """``--check-data``: whether the shards and BOS index under ``data`` (``shards/``, ``bos/``) feed every step
     and the validation of the config at ``path`` (:func:`speedrun.workflow.planning.check_training_data`, the
-    workflow's own check: no token is read), so that a device call fails in seconds, not after a compile.
-    Prints one line; returns 0, or 1 with the check's message."""
+    workflow's own check: no token is read), after, for a preset with the prefix-token loss (record #88), the
+    GPT-2 vocabulary its table is built from (the workflow installs it; a bare GPU image does not have it), so
+    that a device call fails in seconds, not after a compile. Prints one line; returns 0, or 1 with the
+    check's message."""
     config = TrainConfig.from_dict(load_settings(path, overrides, steps))
     try:
+        if config.model_config().prefix_token_loss:
+            prefix_token_table(config.model_config().vocab_size)
         check_training_data(config.settings(), data / "shards", data / "bos", what=str(path))
     except SpeedrunError as err:
         print(f"gpu_speedrun: {err}", file=sys.stderr)

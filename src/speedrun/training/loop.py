@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
@@ -202,6 +203,19 @@ def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
     return plan
 
 
+def warm_up_line(config: TrainConfig, index: int, count: int, step: int, kind: LossKind, seconds: float) -> str:
+    """One line of the warm-up's progress, printed on rank 0's stderr as each graph of :func:`warm_up_plan` is
+    compiled (a cold compile of a record preset takes minutes per graph, so that a long silence reads as work,
+    not a hang), e.g. ``warm-up 2/8: train graph of step 0 (131072 tokens per step, max_seq_len 896, windows
+    [1, 3] blocks): 96.4 s``. ``seconds``: the graph's compile and first run, in s."""
+    tokens, max_seq_len = config.batch_at(step)
+    blocks = config.window_blocks_at(step)
+    windows = "the model's windows" if blocks is None else f"windows {list(blocks)} blocks"
+    what = (f"train graph of step {step} ({tokens} tokens per step, max_seq_len {max_seq_len}, " if kind == "train"
+            else f"validation graph of step {step} (")
+    return f"warm-up {index}/{count}: {what}{windows}): {seconds:.1f} s"
+
+
 def _mtp_count(config: TrainConfig, step: int) -> int:
     """The number of multi-token-prediction weights of ``step`` (1 without a staged schedule): a graph each."""
     weights = config.loss_weights_at(step)
@@ -355,16 +369,21 @@ class _Run:
             return 0.0
         model, cfg = self.model, self.config
         saved = model.schedule_state()
-        for step, kind in warm_up_plan(cfg):
+        plan = warm_up_plan(cfg)
+        for i, (step, kind) in enumerate(plan, 1):
+            begin = _now()
             self.set_windows(step)
             if kind == "val":
                 self.evaluate(self.val[:1], world_size=1)
-                continue
-            tokens, max_seq_len = cfg.batch_at(step)
-            inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
-            weights = loss_weight_tensors(cfg, step, self.device)         # the stage's number of MTP weights
-            with self.autocast():
-                self.forward(inputs, targets, cu_seqlens, max_seq_len, **weights).backward()
+            else:
+                tokens, max_seq_len = cfg.batch_at(step)
+                inputs, targets, cu_seqlens = _dummy_batch(tokens // cfg.micro_batches, self.device)
+                weights = loss_weight_tensors(cfg, step, self.device)     # the stage's number of MTP weights
+                with self.autocast():
+                    self.forward(inputs, targets, cu_seqlens, max_seq_len, **weights).backward()
+            self.clock.sync()
+            if self.launch.rank == 0:
+                print(warm_up_line(cfg, i, len(plan), step, kind, _now() - begin), file=sys.stderr, flush=True)
         model.restore_schedule_state(saved)
         model.zero_grad(set_to_none=True)
         self.clock.sync()
