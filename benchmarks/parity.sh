@@ -30,7 +30,10 @@
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
 # PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
-# A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns.
+# A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns. The `wait`
+# calls carry nothing of their own, so benchmarks/fa4_carry.sh's pieces can ride along (issue 23): carry
+# .carry/fa4/callN and run `bash benchmarks/fa4_carry.sh receive N; bash benchmarks/parity.sh wait 530`, and
+# its bench only after the session is done (it would share the GPU with the runs).
 set -euo pipefail
 ROOT=${PARITY_ROOT:-/tmp/parity}
 DD=${PARITY_DD:-.carry/dd}
