@@ -231,8 +231,9 @@ def check_data(path: Path, overrides: list[str], steps: int | None, data: Path) 
     check's message."""
     config = TrainConfig.from_dict(load_settings(path, overrides, steps))
     try:
-        if config.model_config().prefix_token_loss:
-            prefix_token_table(config.model_config().vocab_size)
+        model = config.model_config()
+        if model.prefix_token_loss:
+            prefix_token_table(model.vocab_size)
         check_training_data(config.settings(), data / "shards", data / "bos", what=str(path))
     except SpeedrunError as err:
         print(f"gpu_speedrun: {err}", file=sys.stderr)

