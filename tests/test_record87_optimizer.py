@@ -153,9 +153,9 @@ def test_the_loop_sets_the_records_eps_for_each_stages_micro_batch(synthetic, tm
     seen = []
     real_step = Optimizers.step
 
-    def step(self):
+    def step(self, adam=True):
         seen.append(sorted({g["eps"] for opt in self.optimizers for g in opt.param_groups if "betas" in g}))
-        return real_step(self)
+        return real_step(self, adam=adam)
 
     monkeypatch.setattr(Optimizers, "step", step)
     cfg = TrainConfig.from_dict({**SETTINGS, "adam_eps": 1e-10, "adam_eps_units": "micro_batch_sum"})

@@ -23,12 +23,17 @@ def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, floa
                              fused=fused)
 
 
+def is_adam(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is one of our Adams (``torch.optim.AdamW`` or :class:`CautiousAdam`)."""
+    return isinstance(optimizer, (torch.optim.AdamW, CautiousAdam))
+
+
 def set_adam_eps(optimizers: Iterable[torch.optim.Optimizer], eps: float) -> None:
     """Set ε to ``eps`` in every parameter group of the Adam optimizers among ``optimizers`` (``AdamW`` and
     :class:`CautiousAdam`; others untouched), for the next step: both read their group's ``eps`` at every step
     (``OptimConfig.adam_eps_units`` micro_batch_sum: the records' ε per stage)."""
     for optimizer in optimizers:
-        if isinstance(optimizer, (torch.optim.AdamW, CautiousAdam)):
+        if is_adam(optimizer):
             for group in optimizer.param_groups:
                 group["eps"] = eps
 

@@ -76,6 +76,14 @@ class OptimConfig:
     TrainConfig.adam_eps_at`), so one value covers every stage of a batch-size schedule (1e-10 is 6.1e-15 on
     131,072-token steps, 3.05e-15 on 262,144, 2.03e-15 on 393,216 of 8 micro-batches). Every Adam group of
     those records has the same ε (their ``adam_defaults``; no per-kind ε), as here."""
+    adam_every: int = 1
+    """Adam updates once every ``adam_every`` optimizer steps (>= 1): after the 0-based steps s with
+    (s + 1) % adam_every == 0, on the sum of the gradients of the steps since its last update (they are kept,
+    not cleared, in between, and averaged over the ranks only when Adam updates); Muon updates at every step.
+    Adam's step count (its bias correction) counts its updates. Record #39 and every record since (through HEAD,
+    speedrun-spec.md 3.3: "Adam params are stepped only on odd steps"): 2. 1: every step. The records sum each
+    micro-batch's loss over its tokens, so where the tokens per step change between the two steps (a stage
+    start on an odd step), their gradients weigh by their steps' tokens there and equally here."""
     adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Adam kind (:data:`ADAM_KINDS`) -> its group's (β1, β2), in place of ``adam_betas``; empty:
     ``adam_betas`` everywhere. The current record (speedrun-spec.md 3.3, its per-parameter table) maps to

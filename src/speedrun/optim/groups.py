@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from speedrun.model.roles import PARAM_ROLES
-from speedrun.optim.adam import build_adamw
+from speedrun.optim.adam import build_adamw, is_adam
 from speedrun.optim.langevin import langevin_sigma
 from speedrun.optim.muon import Muon
 from speedrun.optim.config import ADAM_KINDS  # noqa: F401 (imported from here by callers)
@@ -29,10 +29,26 @@ MUON_KINDS = ("matrix",)
 
 
 class Optimizers:
-    """The model's optimizers, stepped and scheduled together (``optimizers`` list: AdamW, then Muon)."""
+    """The model's optimizers, stepped and scheduled together (``optimizers`` list: AdamW, then Muon). Adam
+    updates once every ``adam_every`` steps (``OptimConfig.adam_every``; record #39: 2, on odd steps), on the
+    gradients kept since its last update; Muon at every step. Raises ``ValueError`` for ``adam_every`` < 1."""
 
-    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+    def __init__(self, optimizers: list[torch.optim.Optimizer], adam_every: int = 1):
+        if adam_every < 1:
+            raise ValueError(f"Optimizers: adam_every must be >= 1, got {adam_every}")
         self.optimizers = optimizers
+        self.adam_every = adam_every
+
+    def adam_updates_after(self, step: int) -> bool:
+        """Whether Adam updates after the 0-based optimizer step ``step``: (step + 1) % adam_every == 0 (with
+        2 the odd steps, as the records' ``_is_adam_step``)."""
+        return (step + 1) % self.adam_every == 0
+
+    def adam_parameters(self) -> frozenset[int]:
+        """The ids of the parameters that Adam updates: their gradients, kept over the steps where Adam does
+        not update, need averaging over the ranks only at the steps where it does."""
+        return frozenset(id(p) for opt in self.optimizers if is_adam(opt)
+                         for group in opt.param_groups for p in group["params"])
 
     def groups(self) -> Iterator[dict]:
         """Every parameter group of every optimizer."""
@@ -78,13 +94,19 @@ class Optimizers:
                 opt.state[target] = {k: v.clone() if torch.is_tensor(v) else v
                                      for k, v in opt.state[source].items()}
 
-    def step(self) -> None:
+    def step(self, adam: bool = True) -> None:
+        """One update of every optimizer, leaving out the Adams when ``adam`` is false
+        (:meth:`adam_updates_after`)."""
         for opt in self.optimizers:
-            opt.step()
+            if adam or not is_adam(opt):
+                opt.step()
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, adam: bool = True) -> None:
+        """Clear the gradients (set to None) of every optimizer's parameters; with ``adam`` false the Adams'
+        are kept, to be summed with the next steps' (:meth:`adam_updates_after`)."""
         for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+            if adam or not is_adam(opt):
+                opt.zero_grad(set_to_none=True)
 
 
 def split_parameters(model: nn.Module, kinds: Mapping[str, str]) -> dict[str, list[nn.Parameter]]:
@@ -227,4 +249,4 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     if sorted(seen) != sorted(trainable):
         raise ValueError("every trainable parameter must land in exactly one optimizer group")
-    return Optimizers(optimizers)
+    return Optimizers(optimizers, adam_every=config.adam_every)

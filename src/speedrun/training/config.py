@@ -201,6 +201,7 @@ class TrainConfig:
         _check_int("val_every", self.evaluation.val_every, 0)
         _check_int("momentum_warmup_steps", self.schedule.momentum_warmup_steps, 0)
         _check_int("momentum_cooldown_steps", self.schedule.momentum_cooldown_steps, 0)
+        _check_int("adam_every", self.optimizer.adam_every, 1)
         for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
                      "langevin_noise", "mlp_proj_lr_mul", "mlp_fc_lr_mul"):
             _check_number(name, self.setting(name), 0.0, math.inf)

@@ -120,8 +120,9 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
     """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
     as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
     number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
-    the gradients of the parameters in ``self_reduced`` (ids; the sharded Muon reduce-scatters those
-    itself); a tied model's embedding gradient is first folded into the head's
+    the gradients of the parameters in ``self_reduced`` (ids: the sharded Muon reduce-scatters those
+    itself, and Adam's, kept between its updates, are averaged at its next one: ``OptimConfig.adam_every``);
+    a tied model's embedding gradient is first folded into the head's
     (:meth:`speedrun.model.gpt.GPT.fold_tied_gradients`). Returns the step's mean train loss as a (1,) fp32
     tensor on ``device``, not read back: the caller queues the optimizer step before waiting for it (no host
     sync inside a step, as in the records). ``loss_weights``: keyword tensors of the model's forward
@@ -347,11 +348,14 @@ class _Run:
         max_seq_len = cfg.batch_at(step)[1]
         self.phases.mark_first_step()
         mine = self.step_batches(step)
+        adam = self.optimizers.adam_updates_after(step)          # record #39: Adam on odd steps only
+        unreduced = self.optimizers.self_reduced_parameters()
+        if not adam:                                             # kept for Adam's next update, reduced then
+            unreduced |= self.optimizers.adam_parameters()
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
-                          max_seq_len, self.optimizers.self_reduced_parameters(),
-                          loss_weights=loss_weight_tensors(cfg, step, self.device))
-        self.optimizers.step()
-        self.optimizers.zero_grad()
+                          max_seq_len, unreduced, loss_weights=loss_weight_tensors(cfg, step, self.device))
+        self.optimizers.step(adam=adam)
+        self.optimizers.zero_grad(adam=adam)
         self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
