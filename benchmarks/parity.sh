@@ -20,10 +20,11 @@
 #       the records named (record87: our parity-record87 against it; record88: our parity-record88 and, for the
 #       race, parity-record89 (HEAD) against it; default record88, the issue's first):
 #       phase A, the cold compiles side by side (each record's script once and each of our configs once, all at
-#       once: a cold compile takes about 8 minutes for a record's script alone and 10 or more for our record88
-#       preset, 8 graphs of 33-90 s each, so one after another they would not fit a session; about 35 GiB each);
+#       once: a cold compile takes about 8 minutes for a record's script alone and 7.7 for our record88 preset,
+#       8 graphs of 25-90 s each, so one after another they would not fit a session; about 35 GiB each);
 #       phase B, each side once more alone on the GPU from the warm compile caches (the step times to report:
-#       phase A's runs share the GPU), ours first, then the summaries (summary-record87.txt, summary-record88.txt,
+#       phase A's runs share the GPU; ours profiled after its run: <name>.profile.{txt,kernels.md}), ours first,
+#       then the summaries (summary-record87.txt, summary-record88.txt,
 #       summary-race89.txt). Poll it with `wait` (it waits while the session job lives). Device time: about 22
 #       minutes for one record (phase A about 12, phase B about 8) and the machine's start: one record a session.
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
@@ -98,11 +99,12 @@ reference_run() {   # reference_run RECORD I: one run of the prepared record scr
      cp "$(ls -t logs/*.txt | head -1)" $ROOT/$record-$i.txt || true)
 }
 
-ours_run() {   # ours_run CONFIG I: one run of our preset from the copy under $ROOT/code, in the foreground
+ours_run() {   # ours_run CONFIG I [--profile]: one run of our preset from the copy under $ROOT/code, in the
+    # foreground (--profile: gpu_speedrun.py's step timing and torch.profiler tables after the run)
     local config=$1 i=$2
     (cd $ROOT/code && PYTHONPATH=src:$ROOT/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
         --out $ROOT/ours-$config-$i --config benchmarks/configs/$config.yaml --name $config-$i \
-        --compile-cache $ROOT/compile-cache > $ROOT/ours-$config-$i.out 2>&1 \
+        --compile-cache $ROOT/compile-cache "${@:3}" > $ROOT/ours-$config-$i.out 2>&1 \
         || echo "run $i failed: $?" >> $ROOT/ours-$config-$i.out)
 }
 
@@ -132,9 +134,9 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     echo "phase A $(date +%T): $* against ${configs[*]}"
     for record in "$@"; do reference_run "$record" 1 & done
     for config in "${configs[@]}"; do ours_run "$config" 1 & done    # side by side too: one of ours compiles
-    wait                                                                # for about 10 minutes cold
+    wait                                                                # for about 8 minutes cold
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
-    for config in "${configs[@]}"; do ours_run "$config" 2; done
+    for config in "${configs[@]}"; do ours_run "$config" 2 --profile; done    # and where our step time goes
     for record in "$@"; do reference_run "$record" 2; done
     echo "summaries $(date +%T)"
     cd $ROOT/code
@@ -183,7 +185,7 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     deadline=$(( $(date +%s) + ${2:-540} ))
     session_alive() { [ -f $ROOT/session.pid ] && kill -0 "$(cat $ROOT/session.pid)" 2>/dev/null; }
     while :; do
-        (cd $ROOT && tar czf "$OUT/parity-logs.tar.gz.tmp" --exclude='*.profile.*' --exclude=ours-data -- *.out *.txt *.log *.json \
+        (cd $ROOT && tar czf "$OUT/parity-logs.tar.gz.tmp" --exclude='*.trace.json.gz' --exclude=ours-data -- *.out *.txt *.log *.json \
             ours-*/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz")
         [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && ! session_alive && break
         [ "$(date +%s)" -ge $deadline ] && break
