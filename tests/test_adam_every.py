@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from speedrun.errors import SpeedrunError
@@ -159,8 +160,6 @@ RECORD_CONFIGS = {"configs/records/record12.yaml": 1, "configs/records/record31.
 def test_the_record_configs_adam_every(path, every):
     """Records #12 (2024-11-19) and #31 (2025-09-10) step Adam at every step; #39 and every record since on odd
     steps only (the scripts' check is below)."""
-    import yaml
-
     train = yaml.safe_load((ROOT / path).read_text())["train"]
     assert train.get("adam_every", 1) == every
 

@@ -38,6 +38,8 @@ class Optimizers:
             raise ValueError(f"Optimizers: adam_every must be >= 1, got {adam_every}")
         self.optimizers = optimizers
         self.adam_every = adam_every
+        self._adam_ids = frozenset(id(p) for opt in optimizers if is_adam(opt)
+                                   for group in opt.param_groups for p in group["params"])
 
     def adam_updates_after(self, step: int) -> bool:
         """Whether Adam updates after the 0-based optimizer step ``step``: (step + 1) % adam_every == 0 (with
@@ -45,10 +47,15 @@ class Optimizers:
         return (step + 1) % self.adam_every == 0
 
     def adam_parameters(self) -> frozenset[int]:
-        """The ids of the parameters that Adam updates: their gradients, kept over the steps where Adam does
-        not update, need averaging over the ranks only at the steps where it does."""
-        return frozenset(id(p) for opt in self.optimizers if is_adam(opt)
-                         for group in opt.param_groups for p in group["params"])
+        """The ids of the parameters that Adam updates."""
+        return self._adam_ids
+
+    def unreduced_parameters(self, step: int) -> frozenset[int]:
+        """The ids of the parameters whose gradients the training loop leaves out of its all-reduce at step
+        ``step``: :meth:`self_reduced_parameters` and, when Adam does not update after ``step``, Adam's (kept,
+        and averaged with the next steps' at its update)."""
+        reduced_later = frozenset() if self.adam_updates_after(step) else self._adam_ids
+        return self.self_reduced_parameters() | reduced_later
 
     def groups(self) -> Iterator[dict]:
         """Every parameter group of every optimizer."""

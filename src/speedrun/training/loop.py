@@ -349,11 +349,9 @@ class _Run:
         self.phases.mark_first_step()
         mine = self.step_batches(step)
         adam = self.optimizers.adam_updates_after(step)          # record #39: Adam on odd steps only
-        unreduced = self.optimizers.self_reduced_parameters()
-        if not adam:                                             # kept for Adam's next update, reduced then
-            unreduced |= self.optimizers.adam_parameters()
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
-                          max_seq_len, unreduced, loss_weights=loss_weight_tensors(cfg, step, self.device))
+                          max_seq_len, self.optimizers.unreduced_parameters(step),
+                          loss_weights=loss_weight_tensors(cfg, step, self.device))
         self.optimizers.step(adam=adam)
         self.optimizers.zero_grad(adam=adam)
         self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
