@@ -24,6 +24,8 @@ And for issue 21's script variants: the compare jobs name what each side runs (`
 ``--describe-candidate``: our model's preset and the settings that differ from the baseline's) and the report job
 every variant's (``--describe``) and the script variants (``--replicates``, none here); every other job, the train
 jobs included, is unchanged.
+And for Adam every other step (record #39, ``adam_every: 2`` in configs/fineweb-8xh100.yaml): the FineWeb train
+jobs' --config gain "adam_every":2; nothing else changed.
 """
 
 from __future__ import annotations
