@@ -174,11 +174,14 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
 
     from speedrun.training.data import load_training_data
     from speedrun.training.launch import Launch, resolve_device
+    from speedrun.support.phases import RunPhases
     from speedrun.training.loop import _Run, train_step
     from speedrun.training.runlog import RunLog
 
     device = resolve_device(config.compute.device, 0)
-    run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None))
+    phases = RunPhases(sync=torch.cuda.synchronize if device.type == "cuda" else lambda: None)
+    run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None),
+               phases)
     run.warm_up()
     run.train(0)
     cuda = device.type == "cuda"
@@ -277,11 +280,11 @@ def main() -> None:
     figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
                    graphs=compiled_graphs(), caches=compile_cache_counters(), host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
+    print(json.dumps(figures), flush=True)
+    with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:    # before the profile: a failed profile
+        f.write(json.dumps(figures) + "\n")                               # keeps the run's figures
     if args.profile:
         profile_steps(config, args.data, args.out / f"{args.name}.profile")
-    print(json.dumps(figures), flush=True)
-    with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(figures) + "\n")
 
 
 if __name__ == "__main__":

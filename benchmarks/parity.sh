@@ -8,8 +8,8 @@
 # Parts (each starts its runs with setsid under /tmp/parity and returns; `wait` polls them, a device call at a
 # time, so that a run longer than one call goes on between calls of one warm lease):
 #   bash benchmarks/parity.sh reference RECORD [RUNS]   # the record's own train_gpt.py, RUNS times (default 2)
-#   bash benchmarks/parity.sh ours CONFIG [RUNS]        # our preset through benchmarks/gpu_speedrun.py, config
-#                                                       # benchmarks/configs/CONFIG.yaml
+#   bash benchmarks/parity.sh ours CONFIG [RUNS [ARGS...]]   # our preset through benchmarks/gpu_speedrun.py, config
+#                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile)
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
@@ -160,7 +160,7 @@ reference)
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
 prepare-data) prepare_ours ;;
 reference-run) reference_run "$2" "$3" ;;
-ours-run) ours_run "$2" "$3" ;;
+ours-run) ours_run "${@:2}" ;;
 session)
     shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record88)
     for record in "${records[@]}"; do ours_configs "$record" > /dev/null; prepare_reference "$record"; done
@@ -173,11 +173,11 @@ session)
     echo "started the parity session under $ROOT (log $ROOT/session.log)" ;;
 session-run) shift; session_run "$@" ;;
 ours)
-    config=${2:?config under benchmarks/configs, without .yaml}; runs=${3:-2}
+    config=${2:?config under benchmarks/configs, without .yaml}; runs=${3:-2}; args="${*:4}"
     need benchmarks/configs/$config.yaml
     prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
-    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh ours-run $config \$i; done
+    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh ours-run $config \$i $args; done
         touch $ROOT/ours-$config.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of our $config under $ROOT" ;;
 wait)   # never fails: what has been written so far is copied to $OUT first, at every poll
