@@ -37,8 +37,8 @@ def test_every_preset_declares_one_mlp_pair_per_mlp_and_one_gate_per_gated_atten
     attns = [b.attn for b in model.blocks if b.attn is not None]
     gates = [a.gate for a in attns if a.gate is not None]
     assert sorted(roles) == sorted(PARAM_ROLES)
-    assert [params[n] for n in roles["attention_input"]] == [w for a in attns for w in (a.q.weight, a.k.weight,
-                                                                                       a.v.weight)]
+    assert [params[n] for n in roles["attention_qk"]] == [w for a in attns for w in (a.q.weight, a.k.weight)]
+    assert [params[n] for n in roles["attention_value"]] == [a.v.weight for a in attns]
     assert [params[n] for n in roles["mlp_fc"]] == [m.fc.weight for m in mlps]
     assert [params[n] for n in roles["mlp_proj"]] == [m.proj.weight for m in mlps]
     assert [params[n] for n in roles["attention_gate"]] == [g.weight for g in gates]
@@ -54,9 +54,11 @@ def test_the_roles_of_a_small_model_by_name():
         "mlp_fc": ["blocks.0.mlp.fc.weight", "blocks.2.mlp.fc.weight"],
         "mlp_proj": ["blocks.0.mlp.proj.weight", "blocks.2.mlp.proj.weight"],
         "attention_gate": ["blocks.0.attn.gate.weight", "blocks.2.attn.gate.weight"],
-        "attention_input": [f"blocks.{i}.attn.{m}.weight" for i in (0, 1, 2) for m in "qkv"]}
+        "attention_qk": [f"blocks.{i}.attn.{m}.weight" for i in (0, 1, 2) for m in "qk"],
+        "attention_value": [f"blocks.{i}.attn.v.weight" for i in (0, 1, 2)]}
     model = small_gpt(attention_free_layers=(1,))
-    assert model.parameter_roles()["attention_input"] == [f"blocks.{i}.attn.{m}.weight" for i in (0, 2) for m in "qkv"]
+    assert model.parameter_roles()["attention_qk"] == [f"blocks.{i}.attn.{m}.weight" for i in (0, 2) for m in "qk"]
+    assert model.parameter_roles()["attention_value"] == ["blocks.0.attn.v.weight", "blocks.2.attn.v.weight"]
 
 
 def test_an_mlp_that_declares_nothing_is_counted_missing():
@@ -67,12 +69,12 @@ def test_an_mlp_that_declares_nothing_is_counted_missing():
         model.parameter_roles()
 
 
-def test_an_attention_that_declares_two_of_its_three_inputs_is_counted_missing():
+def test_an_attention_that_declares_one_of_its_q_and_k_is_counted_missing():
     model = small_gpt()
     attn = model.blocks[2].attn
-    attn.own_parameter_roles = lambda: {"attention_input": [attn.q.weight, attn.k.weight]}
-    with pytest.raises(ValueError, match=r"role 'attention_input': the model config gives 3 on each of layers "
-                                         r"\[0, 1, 2\] \(9\), the modules declare 8: missing on layers \[2\]"):
+    attn.own_parameter_roles = lambda: {"attention_qk": [attn.q.weight], "attention_value": [attn.v.weight]}
+    with pytest.raises(ValueError, match=r"role 'attention_qk': the model config gives 2 on each of layers "
+                                         r"\[0, 1, 2\] \(6\), the modules declare 5: missing on layers \[2\]"):
         model.parameter_roles()
 
 
@@ -92,7 +94,7 @@ def test_check_role_layers_passes_the_counts_the_config_gives():
     check_role_layers({"mlp_fc": [0, 1]}, {"mlp_fc": [1, 0]}, {"mlp_fc": ["a", "b"]})
     with pytest.raises(ValueError, match=r"role 'attention_gate'.*missing on layers \[3\]"):
         check_role_layers({"attention_gate": [1]}, {"attention_gate": [1, 3]}, {"attention_gate": ["g1"]})
-    check_role_layers({"attention_input": [0, 0, 1, 1]}, {"attention_input": [1, 0, 1, 0]}, {})
+    check_role_layers({"attention_qk": [0, 0, 1, 1]}, {"attention_qk": [1, 0, 1, 0]}, {})
     with pytest.raises(ValueError, match=r"gives per layer \{0: 2, 1: 1\} \(3\), the modules declare 3: missing "
                                          r"on layers \[1\], extra on layers \[0\]"):
         check_role_layers({"mlp_fc": [0, 0, 0]}, {"mlp_fc": [0, 0, 1]}, {"mlp_fc": ["a", "b", "c"]})
@@ -184,16 +186,16 @@ def test_a_model_without_roles_takes_no_factor_group():
 
 
 def test_record12_draws_the_declared_inputs_in_parameter_order():
-    """``linear_init: torch`` draws again exactly the parameters of roles ``attention_input`` and ``mlp_fc``
-    (here with an attention under another name too: it declares nothing the init would find by name), in the
-    order of the model's parameters whatever the order given (tests/test_init_digests.py: bit for bit as the
-    names chose them)."""
+    """``linear_init: torch`` draws again exactly the parameters of roles ``attention_qk``, ``attention_value``
+    and ``mlp_fc`` (here with an attention under another name too: it declares nothing the init would find by
+    name), in the order of the model's parameters whatever the order given (tests/test_init_digests.py: bit for
+    bit as the names chose them)."""
     config = build_model_config("record12", {"n_layer": 2, "model_dim": 64, "n_head": 2, "head_dim": 32,
                                              "vocab_size": 64, "window_pattern": "LL"})
     torch.manual_seed(0)
     model = GPT(config)
     roles = model.role_parameters()
-    chosen = roles["attention_input"] + roles["mlp_fc"]
+    chosen = roles["attention_qk"] + roles["attention_value"] + roles["mlp_fc"]
     assert len(chosen) == 2 * 4
     assert all(p.abs().max() <= 64 ** -0.5 and p.abs().max() > 0.9 * 64 ** -0.5 for p in chosen[:6])
     assert all(m.proj.weight.count_nonzero() == 0 for m in (model.blocks[0].mlp, model.blocks[1].mlp))
@@ -205,8 +207,8 @@ def test_record12_draws_the_declared_inputs_in_parameter_order():
     init_torch_linear_inputs_(model, chosen[::-1])
     assert all(torch.equal(p, drawn[name]) for name, p in model.named_parameters())
     changed = sorted(n for n, p in model.named_parameters() if not torch.equal(p, before[n]))
-    assert changed == sorted(n for names in (model.parameter_roles()["attention_input"],
-                                             model.parameter_roles()["mlp_fc"]) for n in names)
+    assert changed == sorted(n for role in ("attention_qk", "attention_value", "mlp_fc")
+                             for n in model.parameter_roles()[role])
     with pytest.raises(ValueError, match=r"1 of the matrices to re-initialize are not parameters of the GPT"):
         init_torch_linear_inputs_(model, [nn.Parameter(torch.zeros(2, 2))])
 
@@ -215,5 +217,5 @@ def test_record12_refuses_an_attention_that_declares_no_inputs(monkeypatch):
     config = build_model_config("record12", {"n_layer": 2, "model_dim": 64, "n_head": 2, "head_dim": 32,
                                              "vocab_size": 64, "window_pattern": "LL"})
     monkeypatch.setattr(CausalSelfAttention, "own_parameter_roles", lambda self: {})
-    with pytest.raises(ValueError, match=r"role 'attention_input'.*declare 0: missing on layers \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"role 'attention_qk'.*declare 0: missing on layers \[0, 1\]"):
         GPT(config)

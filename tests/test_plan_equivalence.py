@@ -26,6 +26,8 @@ every variant's (``--describe``) and the script variants (``--replicates``, none
 jobs included, is unchanged.
 And for Adam every other step (record #39, ``adam_every: 2`` in configs/fineweb-8xh100.yaml): the FineWeb train
 jobs' --config gain "adam_every":2; nothing else changed.
+And for Muon's q/k head-pair blocks (record #80, ``muon_qk_block_heads: 2`` in configs/fineweb-8xh100.yaml): the
+FineWeb train jobs' --config gain "muon_qk_block_heads":2; nothing else changed.
 """
 
 from __future__ import annotations

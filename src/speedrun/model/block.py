@@ -136,10 +136,10 @@ class CausalSelfAttention(nn.Module):
         self.dc = dc_function() if layer in config.dc_layers else None                      # record #85
 
     def own_parameter_roles(self) -> dict[str, list[nn.Parameter]]:
-        """The roles of its parameters (:mod:`speedrun.model.roles`): the q, k, v weights ``attention_input``
-        (the matrices that read the residual stream), the output gate's weight ``attention_gate`` (none
-        without a ``gate``; the value-embedding gate has no role)."""
-        roles = {"attention_input": [self.q.weight, self.k.weight, self.v.weight]}
+        """The roles of its parameters (:mod:`speedrun.model.roles`): the q and k weights ``attention_qk``, the
+        v weight ``attention_value`` (the three read the residual stream), the output gate's weight
+        ``attention_gate`` (none without a ``gate``; the value-embedding gate has no role)."""
+        roles = {"attention_qk": [self.q.weight, self.k.weight], "attention_value": [self.v.weight]}
         return roles if self.gate is None else {**roles, "attention_gate": [self.gate.weight]}
 
     def forward(self, x: torch.Tensor, context: AttentionContext, window: int | torch.Tensor | None = None,

@@ -110,7 +110,7 @@ class GPT(nn.Module):
         init_output_(self.lm_head.weight)
         if config.linear_init == "torch":                                      # record #12's nn.Linear init
             roles = self.role_parameters()
-            init_torch_linear_inputs_(self, roles["attention_input"] + roles["mlp_fc"])
+            init_torch_linear_inputs_(self, roles["attention_qk"] + roles["attention_value"] + roles["mlp_fc"])
         self.tied = config.tie_embed_head
         if self.tied:
             with torch.no_grad():
@@ -485,11 +485,11 @@ class GPT(nn.Module):
     def role_parameters(self) -> dict[ParamRole, list[nn.Parameter]]:
         """Role -> its parameters (every role of :data:`speedrun.model.roles.PARAM_ROLES`, in the order of
         ``named_parameters()``), as the modules declare them (:func:`speedrun.model.roles.declared_roles`):
-        ``mlp_fc`` / ``mlp_proj`` the fc / proj weight of each block's MLP, ``attention_input`` the q, k and v
-        weights of each block's attention, ``attention_gate`` the output gate's weight of each gated
-        attention. Counted against the config: one parameter of each MLP role on every layer not in
-        ``mlp_free_layers``, three ``attention_input`` on every layer not in ``attention_free_layers``, one
-        ``attention_gate`` on every layer of ``attention_gate_layers`` (none with ``mudd_gates``, whose gates
+        ``mlp_fc`` / ``mlp_proj`` the fc / proj weight of each block's MLP, ``attention_qk`` the q and k and
+        ``attention_value`` the v weight of each block's attention, ``attention_gate`` the output gate's weight
+        of each gated attention. Counted against the config: one parameter of each MLP role on every layer not
+        in ``mlp_free_layers``, two ``attention_qk`` and one ``attention_value`` on every layer not in
+        ``attention_free_layers``, one ``attention_gate`` on every layer of ``attention_gate_layers`` (none with ``mudd_gates``, whose gates
         are not parameters of the attention); raises ``ValueError`` naming the role and the layers missing or
         extra (:func:`speedrun.model.roles.check_role_layers`)."""
         cfg = self.config
@@ -501,7 +501,8 @@ class GPT(nn.Module):
         gate_layers = [] if cfg.mudd_gates else list(cfg.attention_gate_layers)
         check_role_layers({role: [layer_of.get(id(p)) for p in params] for role, params in declared.items()},
                           {"mlp_fc": mlp_layers, "mlp_proj": mlp_layers, "attention_gate": gate_layers,
-                           "attention_input": [i for i in attention_layers for _ in range(3)]},
+                           "attention_qk": [i for i in attention_layers for _ in range(2)],
+                           "attention_value": attention_layers},
                           {role: [names[id(p)] for p in params] for role, params in declared.items()})
         return declared
 

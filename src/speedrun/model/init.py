@@ -35,10 +35,10 @@ def init_torch_linear_(weight: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def init_torch_linear_inputs_(model: torch.nn.Module, matrices: Iterable[torch.nn.Parameter]) -> None:
     """Re-initialize with :func:`init_torch_linear_` each of ``matrices``, parameters of ``model`` (record
-    #12's matrices that read the residual stream: q, k, v and MLP fc, the roles ``attention_input`` and
-    ``mlp_fc`` of :mod:`speedrun.model.roles`), drawn in the order of ``model.parameters()`` whatever the order
-    given; the output projections keep their zeros. Raises ``ValueError`` when one of ``matrices`` is not a
-    parameter of ``model``."""
+    #12's matrices that read the residual stream: q, k, v and MLP fc, the roles ``attention_qk``,
+    ``attention_value`` and ``mlp_fc`` of :mod:`speedrun.model.roles`), drawn in the order of
+    ``model.parameters()`` whatever the order given; the output projections keep their zeros. Raises
+    ``ValueError`` when one of ``matrices`` is not a parameter of ``model``."""
     chosen = {id(p) for p in matrices}
     params = list(model.parameters())
     if chosen - {id(p) for p in params}:

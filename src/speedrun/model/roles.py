@@ -2,10 +2,11 @@
 
 A few parameters are treated apart from the others of their kind, and are found by role, never by parameter
 name. The optimizers (:mod:`speedrun.optim.groups`): the MLP input and output matrices take their own Muon lr
-(``mlp_fc_lr_mul``, ``mlp_proj_lr_mul``) and the attention output gates may train with Muon
-(``muon_attention_gates``). The initialization (:meth:`speedrun.model.gpt.GPT`, ``linear_init: torch``,
-record #12): the matrices that read the residual stream, the attention's q, k, v and the MLP's fc, are drawn
-again as ``nn.Linear`` draws them. A module that holds such a parameter declares it with the method
+(``mlp_fc_lr_mul``, ``mlp_proj_lr_mul``), the attention output gates may train with Muon
+(``muon_attention_gates``) and the q and k matrices may be updated in blocks of heads (``muon_qk_block_heads``).
+The initialization (:meth:`speedrun.model.gpt.GPT`, ``linear_init: torch``, record #12): the matrices that read
+the residual stream, the attention's q, k, v and the MLP's fc, are drawn again as ``nn.Linear`` draws them.
+A module that holds such a parameter declares it with the method
 
     def own_parameter_roles(self) -> dict[ParamRole, list[nn.Parameter]]
 
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Literal, Mapping, Sequence, get_args
 if TYPE_CHECKING:
     from torch import nn
 
-ParamRole = Literal["mlp_fc", "mlp_proj", "attention_gate", "attention_input"]
+ParamRole = Literal["mlp_fc", "mlp_proj", "attention_gate", "attention_qk", "attention_value"]
 """``mlp_fc``: an MLP's input matrix (F, C); ``mlp_proj``: its output matrix (C, F); ``attention_gate``: an
-attention output gate's weight (H, 12) (:class:`speedrun.model.gates.AttentionGate`); ``attention_input``: an
-attention's q, k or v matrix (H·Dh, C), three per attention."""
+attention output gate's weight (H, 12) (:class:`speedrun.model.gates.AttentionGate`); ``attention_qk``: an
+attention's q or k matrix (H·Dh, C), two per attention (Muon may update them in blocks of heads,
+``OptimConfig.muon_qk_block_heads``); ``attention_value``: its v matrix (H·Dh, C), one per attention."""
 PARAM_ROLES: tuple[str, ...] = get_args(ParamRole)
 ROLE_METHOD = "own_parameter_roles"
 

@@ -91,7 +91,8 @@ def write_back(params: Sequence[torch.Tensor], stacked: torch.Tensor) -> None:
 @dataclass
 class BankState:
     """Muon's state of one rank's slice of a bank: ``momentum`` (k, rows, cols) and NorMuon's
-    ``second_moment`` (k, rows, 1) or (k, 1, cols) (None for plain Muon), in the working dtype, and the
+    ``second_moment`` (k, rows, 1) or (k, 1, cols), or (k, blocks, ...) of the blocks of a group with
+    ``block_rows`` (None for plain Muon), in the working dtype, and the
     per-slot views that the owned parameters' state entries hold."""
 
     momentum: torch.Tensor
@@ -115,7 +116,7 @@ class BankState:
 
 
 def bind_bank_state(state: dict, owned: Sequence[torch.Tensor], slots: int, shape: tuple[int, int],
-                    second_moment_shape: tuple[int, int] | None, dtype: torch.dtype,
+                    second_moment_shape: tuple[int, ...] | None, dtype: torch.dtype,
                     device: torch.device) -> BankState:
     """Fresh zero ``dtype`` buffers for ``slots`` matrices of ``shape`` (a second moment of ``second_moment_shape``
     per matrix unless None), filled from the owned parameters' existing per-parameter state, whose entries

@@ -151,6 +151,11 @@ class OptimConfig:
     """The attention output gates' (H, 12) weights (kind ``scalar``) go to Muon at ``muon_lr`` instead of
     Adam's scalar group, as record #28's ``dampen`` (a 2-D weight inside its blocks, hence Muon's); needs a
     model with attention gates."""
+    muon_qk_block_heads: int = 0
+    """Muon updates each attention's q and k matrices (H·Dh, C) in blocks of this many heads' rows, each
+    block orthogonalized, normalized (NorMuon) and decayed on its own (the group's ``block_rows``,
+    :mod:`speedrun.optim.muon`); 0: whole matrices. Record #80 and every record since (#83-#89, HEAD: their
+    ``qk_bank`` of (256, 768) head-pair blocks, speedrun-spec.md 3.2 "Groups"): 2. Must divide n_head."""
     muon_momentum_form: MomentumForm = "ema"
     """Muon's momentum buffer: ``"ema"`` (buf = β·buf + (1-β)·G, Nesterov direction lerp(G, buf, β): the
     records since #17) or ``"sgd"`` (buf = β·buf + G, Nesterov direction G + β·buf: record #12, 2024-11-19

@@ -161,25 +161,33 @@ def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: Op
     (role ``mlp_fc`` in ``roles``, role -> parameter names: :mod:`speedrun.model.roles`) at
     ``muon_lr * mlp_fc_lr_mul`` when that factor is not 1 (record #28, 2025-08-23 SparseAttnGate: 0.5); the
     MLP output matrices (role ``mlp_proj``) at ``muon_lr * mlp_proj_lr_mul`` when that factor is not 1
-    (speedrun-spec.md 3.2). These are group lrs: Muon multiplies each matrix's step by its shape factor
-    max(1, rows/cols)**0.5 on top (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left
-    out. Raises ``ValueError`` when a factor is not 1 and a parameter of its role is not among ``matrices``."""
+    (speedrun-spec.md 3.2); with ``muon_qk_block_heads`` h > 0, the attention's q and k matrices (role
+    ``attention_qk``) at ``muon_lr`` in blocks of h heads' rows (the group's ``block_rows`` h·head_dim, the
+    model's ``config.head_dim``; records #80-#89: head pairs). These are group lrs: Muon multiplies each
+    matrix's (block's) step by its shape factor max(1, rows/cols)**0.5 on top
+    (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left out. Raises ``ValueError`` when a
+    factor or the blocks apply and a parameter of its role is not among ``matrices``."""
     names = {id(p): n for n, p in model.named_parameters()}
-    special: list[tuple[list[nn.Parameter], float]] = []
-    for role, mul in (("mlp_fc", config.mlp_fc_lr_mul), ("mlp_proj", config.mlp_proj_lr_mul)):
-        if mul == 1:
+    special: list[tuple[list[nn.Parameter], float, int | None]] = []
+    qk_heads = config.muon_qk_block_heads
+    qk_rows = qk_heads * model.config.head_dim if qk_heads else None
+    for role, mul, block_rows in (("mlp_fc", config.mlp_fc_lr_mul, None),
+                                  ("mlp_proj", config.mlp_proj_lr_mul, None), ("attention_qk", 1.0, qk_rows)):
+        if mul == 1 and block_rows is None:
             continue
         members = set(roles.get(role, ()))
         chosen = [p for p in matrices if names[id(p)] in members]
         if len(chosen) != len(members):
             outside = sorted(members - {names[id(p)] for p in chosen})
-            raise ValueError(f"the parameters {outside} of role {role!r} are not Muon matrices, so its lr factor "
-                             f"{mul} cannot apply to them")
-        special.append((chosen, mul))
-    taken = {id(p) for ps, _ in special for p in ps}
-    groups = [([p for p in matrices if id(p) not in taken], 1.0)] + special
-    return [dict(params=ps, lr=config.muon_lr * mul, initial_lr=config.muon_lr * mul, kind="matrix")
-            for ps, mul in groups if ps]
+            what = f"its lr factor {mul}" if block_rows is None else f"the blocks of {qk_heads} heads"
+            raise ValueError(f"the parameters {outside} of role {role!r} are not Muon matrices, so {what} cannot "
+                             f"apply to them")
+        special.append((chosen, mul, block_rows))
+    taken = {id(p) for ps, _, _ in special for p in ps}
+    groups = [([p for p in matrices if id(p) not in taken], 1.0, None)] + special
+    return [dict(params=ps, lr=config.muon_lr * mul, initial_lr=config.muon_lr * mul, kind="matrix",
+                 **({"block_rows": rows} if rows is not None else {}))
+            for ps, mul, rows in groups if ps]
 
 
 def optimizer_kinds(kinds: Mapping[str, str], config: OptimConfig,

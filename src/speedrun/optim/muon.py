@@ -16,7 +16,12 @@ For each 2-D parameter W (rows, cols) with gradient G, at momentum β, learning 
                                                   the update also shrinks W)
 
 The EMA form and the shape multiplier follow speedrun-spec.md 3.2 (the record: lr 0.023, beta2 0.9,
-weight decay 1.2, cautious). The helpers below take one matrix (rows, cols) or a stack (..., rows, cols):
+weight decay 1.2, cautious). A group with ``block_rows`` b updates each matrix as rows/b independent blocks
+(b, cols) from the orthogonalization on (the normalization, the noise, the shape multiplier and the decay per
+block; the momentum is elementwise either way): records #80-#89 and HEAD update Q and K in blocks of one head
+pair, 256 of their 768 rows (their ``qk_bank``, speedrun-spec.md 3.2 "Groups").
+
+The helpers below take one matrix (rows, cols) or a stack (..., rows, cols):
 :class:`Muon` updates its parameters bank by bank (:mod:`speedrun.optim.banks`), sharded over ranks when
 torch.distributed runs with world size > 1 (:mod:`speedrun.optim.sharding`).
 """
@@ -67,6 +72,13 @@ def second_moment_shape(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     rows >= cols (one value per row of the longer side), else (1, cols)."""
     rows, cols = shape[-2:]
     return (rows, 1) if rows >= cols else (1, cols)
+
+
+def row_blocks(matrices: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """The view (k·rows/block_rows, block_rows, cols) of a contiguous stack ``matrices`` (k, rows, cols):
+    matrix i's rows [j·block_rows, (j+1)·block_rows) are block i·rows/block_rows + j. Writing to the view writes
+    to ``matrices``."""
+    return matrices.view(-1, block_rows, matrices.size(-1))
 
 
 def variance_normalize(update: torch.Tensor, second_moment: torch.Tensor, beta2: float,
@@ -141,10 +153,13 @@ class Muon(torch.optim.Optimizer):
         langevin_seed: the run's noise seed (:func:`speedrun.optim.langevin.matrix_seed`).
         shard: shard the update when torch.distributed runs with world size > 1 (else every rank updates
             every matrix from gradients it must have averaged).
+        block_rows: None (whole matrices) or the rows b of the blocks each matrix is updated in (per group;
+            every matrix of the group must have a multiple of b rows): see the module docstring.
         process_group: the group to shard over (None: the default group).
 
     State per parameter (in :func:`working_dtype`, views into the bank buffers): ``momentum_buffer`` (rows,
-    cols) and, with NorMuon, ``second_moment``; sharded, only for the parameters of this rank's slices.
+    cols) and, with NorMuon, ``second_moment`` ((rows, 1) or (1, cols); with ``block_rows`` b, (rows/b, b, 1)
+    or (rows/b, 1, cols)); sharded, only for the parameters of this rank's slices.
     Each group counts its updates in ``group["update_count"]`` (the noise seeds use it). Raises
     ``ValueError`` on a parameter that is not 2-D or an invalid hyperparameter.
     """
@@ -153,7 +168,8 @@ class Muon(torch.optim.Optimizer):
                  nesterov: bool = True, weight_decay: float = 0.0,
                  orthogonalizer: Orthogonalizer = "polar_express", normuon_beta2: float | None = None,
                  cautious_weight_decay: bool = False, langevin_noise: float = 0.0, langevin_seed: int = 0,
-                 shard: bool = True, process_group: object | None = None, momentum_form: str = "ema"):
+                 shard: bool = True, process_group: object | None = None, momentum_form: str = "ema",
+                 block_rows: int | None = None):
         if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or langevin_noise < 0:
             raise ValueError(f"Muon needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0, langevin_noise >= 0; "
                              f"got lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
@@ -168,12 +184,18 @@ class Muon(torch.optim.Optimizer):
                         orthogonalizer=orthogonalizer, normuon_beta2=normuon_beta2,
                         cautious_weight_decay=cautious_weight_decay, langevin_noise=langevin_noise,
                         langevin_sigma=langevin_noise, langevin_seed=langevin_seed, update_count=0,
-                        momentum_form=momentum_form)
+                        momentum_form=momentum_form, block_rows=block_rows)
         super().__init__(params, defaults)
         for group in self.param_groups:
+            blocks = group["block_rows"]
+            if blocks is not None and (not isinstance(blocks, int) or blocks < 1):
+                raise ValueError(f"Muon block_rows must be None or an integer >= 1, got {blocks!r}")
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape "
+                                     f"{tuple(p.shape)}")
+                if blocks is not None and p.size(0) % blocks:
+                    raise ValueError(f"Muon block_rows {blocks} does not divide the rows of a parameter of shape "
                                      f"{tuple(p.shape)}")
         self.shard, self.process_group = shard, process_group
         self._communicator: Communicator | None = None
@@ -229,29 +251,33 @@ class Muon(torch.optim.Optimizer):
 
     def _update_bank(self, bank: Bank, grad: torch.Tensor, world: int, rank: int) -> torch.Tensor:
         """The new values (k, rows, cols), in the parameters' dtype, of this rank's slice of ``bank`` given
-        its averaged gradient ``grad`` (k, rows, cols) in the working dtype."""
+        its averaged gradient ``grad`` (k, rows, cols) in the working dtype. With the group's ``block_rows``
+        b, everything after the momentum runs on the (k·rows/b, b, cols) blocks (:func:`row_blocks`)."""
         group = self.param_groups[bank.group_index]
         _, start, slots = shard_bounds(len(bank.params), world, rank)
         owned = bank.params[start:start + slots]
-        state = self._bank_state(bank, owned, start, slots, group["normuon_beta2"] is not None)
+        block_rows = group.get("block_rows") or bank.shape[0]
+        state = self._bank_state(bank, owned, start, slots, group["normuon_beta2"] is not None, block_rows)
         first = bank.params[0]
         params = stack_padded(owned, slots, bank.shape, first.dtype, first.device)
         momentum_update = MOMENTUM_UPDATES[group.get("momentum_form", "ema")]
         direction = momentum_update(grad, state.momentum, group["momentum"], group["nesterov"])
-        update = orthogonalize(direction, group["orthogonalizer"]).to(grad.dtype)
-        if group["normuon_beta2"] is not None:
-            update = variance_normalize(update, state.second_moment, group["normuon_beta2"])
+        update = orthogonalize(row_blocks(direction, block_rows), group["orthogonalizer"]).to(grad.dtype)
+        if group["normuon_beta2"] is not None:                    # (k·blocks, b, cols) from here on
+            second_moment = state.second_moment.view(-1, *state.second_moment.shape[-2:])
+            update = variance_normalize(update, second_moment, group["normuon_beta2"])
         if group["langevin_sigma"] > 0:
             seeds = [matrix_seed(group["langevin_seed"], group.get("update_count", 0), bank.group_index,
                                  bank.param_indices[start + j]) if start + j < len(bank.params) else None
                      for j in range(slots)]
-            update = add_langevin_noise(update, group["langevin_sigma"],
-                                        standard_normal(bank.shape, seeds, grad.dtype, first.device))
-        apply_update(params, update, group["lr"], group["weight_decay"], group["cautious_weight_decay"])
+            noise = standard_normal(bank.shape, seeds, grad.dtype, first.device)
+            update = add_langevin_noise(update, group["langevin_sigma"], row_blocks(noise, block_rows))
+        apply_update(row_blocks(params, block_rows), update, group["lr"], group["weight_decay"],
+                     group["cautious_weight_decay"])
         return params
 
     def _bank_state(self, bank: Bank, owned: tuple[torch.Tensor, ...], start: int, slots: int,
-                    normuon: bool) -> BankState:
+                    normuon: bool, block_rows: int) -> BankState:
         """The state buffers of this rank's slice of ``bank``: the cached ones while the owned parameters'
         state entries are still their views, else fresh ones built from those entries (dropping the cached
         buffers of any other bank that shares a parameter)."""
@@ -259,8 +285,11 @@ class Muon(torch.optim.Optimizer):
         cached = self._bank_states.get(key)
         if cached is None or not cached.is_bound(self.state, owned, normuon):
             first = bank.params[0]
-            cached = bind_bank_state(self.state, owned, slots, bank.shape,
-                                     second_moment_shape(bank.shape) if normuon else None,
+            rows, cols = bank.shape
+            reduced = second_moment_shape((block_rows, cols))
+            if block_rows < rows:                                 # (blocks, b, 1) or (blocks, 1, cols)
+                reduced = (rows // block_rows, *reduced)
+            cached = bind_bank_state(self.state, owned, slots, bank.shape, reduced if normuon else None,
                                      working_dtype(first.dtype), first.device)
             members = {id(p) for p in bank.params}
             self._bank_states = {k: v for k, v in self._bank_states.items()

@@ -202,6 +202,7 @@ class TrainConfig:
         _check_int("momentum_warmup_steps", self.schedule.momentum_warmup_steps, 0)
         _check_int("momentum_cooldown_steps", self.schedule.momentum_cooldown_steps, 0)
         _check_int("adam_every", self.optimizer.adam_every, 1)
+        _check_int("muon_qk_block_heads", self.optimizer.muon_qk_block_heads, 0)
         for name in ("embed_lr", "head_lr", "scalar_lr", "muon_lr", "weight_decay", "adam_weight_decay",
                      "langevin_noise", "mlp_proj_lr_mul", "mlp_fc_lr_mul"):
             _check_number(name, self.setting(name), 0.0, math.inf)
@@ -245,6 +246,10 @@ class TrainConfig:
         if self.optimizer.muon_attention_gates and not self._preset_model().attention_gate_layers:
             raise SpeedrunError("train.muon_attention_gates needs a model with attention gates "
                                 "(model.attention_gate_layers is empty)")
+        heads = self.optimizer.muon_qk_block_heads
+        if heads and self._preset_model().n_head % heads:
+            raise SpeedrunError(f"train.muon_qk_block_heads {heads} must divide the model's n_head "
+                                f"{self._preset_model().n_head} (Muon's q and k blocks are whole heads)")
         self._check_schedules()
         self._check_staged()
         self._check_divisions()
