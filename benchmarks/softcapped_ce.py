@@ -49,8 +49,9 @@ def direct(module, logits: torch.Tensor, targets: torch.Tensor, cap: float, kind
 
 @torch.compile(fullgraph=True)
 def transpose(grad: torch.Tensor) -> torch.Tensor:
-    """``grad.t().contiguous()`` as Inductor compiles it in the training graph (eager's copy of a float8
-    transpose is several times slower)."""
+    """``grad.t().contiguous()`` as Inductor compiles it alone (eager's copy of a float8 transpose is several
+    times slower; the training graph ran the eager one, profile of 2026-12-04, and now runs
+    speedrun.kernels.transpose: benchmarks/transpose_fp8.py)."""
     return grad.t().contiguous()
 
 

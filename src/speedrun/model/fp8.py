@@ -36,11 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.kernels import optional_kernel
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 _MIN_AMAX = 1e-12
+_TRITON_TRANSPOSE = optional_kernel("transpose", "transpose_copy")      # None without the triton package
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,17 @@ def quantize(t: torch.Tensor, scale: float | None = None, dtype: torch.dtype = E
         return (t.float() / scale_t).to(dtype), scale_t
     scale_t = torch.full((), scale, dtype=torch.float32, device=t.device)     # a fill: no copy from the host
     return (t.float() / scale).clamp(-largest, largest).to(dtype), scale_t
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """``t.t().contiguous()`` for a contiguous (M, N) ``t``: the (N, M) row-major copy an FP8 product needs of
+    an operand whose contraction dimension is M (the head's e5m2 logit gradient (T, V) for dL/dW). On CUDA
+    the tiled Triton copy :func:`speedrun.kernels.transpose.transpose_copy` (ATen's copy of a float8 tensor
+    transposed is an untiled element-wise kernel: 5.1 ms at (16384, 50304) on the H200, see that module);
+    elsewhere, or without Triton, PyTorch's copy. Same values either way."""
+    if t.is_cuda and t.dim() == 2 and t.is_contiguous() and _TRITON_TRANSPOSE is not None:
+        return _TRITON_TRANSPOSE(t)
+    return t.t().contiguous()
 
 
 def scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor
@@ -179,7 +193,7 @@ class _FP8Linear(torch.autograd.Function):
             w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (K, N)
             g8, g_scale = quantize(grad_out, None, E5M2)                       # (M, N)
             grad_x = scaled_mm(g8, g_scale, w8_t, w_scale) if need_x else None
-            grad_w = scaled_mm(g8.t().contiguous(), g_scale, x8.t().contiguous(), x_scale) if need_w else None
+            grad_w = scaled_mm(transposed(g8), g_scale, transposed(x8), x_scale) if need_w else None
         else:
             x_bf16, w_bf16 = ctx.saved_tensors
             g = grad_out.to(torch.bfloat16)

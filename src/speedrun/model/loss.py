@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.config import SoftcapKind
-from speedrun.model.fp8 import E5M2, E5M2_MAX, HEAD_SCALES, fp8_linear, quantize, scaled_mm
+from speedrun.model.fp8 import E5M2, E5M2_MAX, HEAD_SCALES, fp8_linear, quantize, scaled_mm, transposed
 
 # The head's weight quantized once per optimizer step: (w8 (V, C) e4m3, w_scale () fp32, w8ᵀ (C, V) e4m3).
 FP8Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -274,7 +274,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             x8, x_scale, w8, w_scale, w8_t = operands                           # grad: (T, V) e5m2
             w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (C, V)
             dx = scaled_mm(grad, scale, w8_t, w_scale) if need_x else None
-            dw = scaled_mm(grad.t().contiguous(), scale, x8.t().contiguous(), x_scale) if need_w else None
+            dw = scaled_mm(transposed(grad), scale, transposed(x8), x_scale) if need_w else None
         else:
             xs, ws = operands
             dx = (grad @ ws).to(acc) * scale if need_x else None
