@@ -143,7 +143,7 @@ class FP8WeightCache(nn.Module):
         """Quantize ``weight`` (N, K) float into the buffers: in place when their shape, dtype and device
         already fit, else as new buffers (the first fill, or after ``.to()`` casts)."""
         w8, w_scale = quantize(weight, self.scales.weight)
-        back = w8.t().contiguous() if self.scales.backward else weight.to(torch.bfloat16)     # (K, N) | (N, K)
+        back = transposed(w8) if self.scales.backward else weight.to(torch.bfloat16)     # (K, N) | (N, K)
         for name, value in (("w8", w8), ("w_scale", w_scale), ("w_back", back)):
             buffer = getattr(self, name)
             if (buffer.shape, buffer.dtype, buffer.device) == (value.shape, value.dtype, value.device):
@@ -190,7 +190,7 @@ class _FP8Linear(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if ctx.scales.backward:
             x8, x_scale, w8, w_scale, w8_t = ctx.saved_tensors
-            w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (K, N)
+            w8_t = transposed(w8) if w8_t is None else w8_t                         # (K, N)
             g8, g_scale = quantize(grad_out, None, E5M2)                       # (M, N)
             grad_x = scaled_mm(g8, g_scale, w8_t, w_scale) if need_x else None
             grad_w = scaled_mm(transposed(g8), g_scale, transposed(x8), x_scale) if need_w else None

@@ -489,9 +489,9 @@ class GPT(nn.Module):
         ``attention_value`` the v weight of each block's attention, ``attention_gate`` the output gate's weight
         of each gated attention. Counted against the config: one parameter of each MLP role on every layer not
         in ``mlp_free_layers``, two ``attention_qk`` and one ``attention_value`` on every layer not in
-        ``attention_free_layers``, one ``attention_gate`` on every layer of ``attention_gate_layers`` (none with ``mudd_gates``, whose gates
-        are not parameters of the attention); raises ``ValueError`` naming the role and the layers missing or
-        extra (:func:`speedrun.model.roles.check_role_layers`)."""
+        ``attention_free_layers``, one ``attention_gate`` on every layer of ``attention_gate_layers`` (none with
+        ``mudd_gates``, whose gates are not parameters of the attention); raises ``ValueError`` naming the role
+        and the layers missing or extra (:func:`speedrun.model.roles.check_role_layers`)."""
         cfg = self.config
         declared = declared_roles(self)
         names = {id(p): name for name, p in self.named_parameters()}

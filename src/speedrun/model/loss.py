@@ -272,7 +272,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             scale = scale * norm
         if ctx.fp8:
             x8, x_scale, w8, w_scale, w8_t = operands                           # grad: (T, V) e5m2
-            w8_t = w8.t().contiguous() if w8_t is None else w8_t                  # (C, V)
+            w8_t = transposed(w8) if w8_t is None else w8_t                         # (C, V)
             dx = scaled_mm(grad, scale, w8_t, w_scale) if need_x else None
             dw = scaled_mm(transposed(grad), scale, transposed(x8), x_scale) if need_w else None
         else:
