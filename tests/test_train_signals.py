@@ -110,6 +110,33 @@ def test_a_signalled_run_ends_its_log_as_failed_with_status_128_plus_signal(synt
     assert_stopped_log(log, signum)
 
 
+def test_sigterms_repeated_during_the_cleanup_do_not_cut_it_short(synthetic, tmp_path):
+    """torchrun signals its workers once per shutdown pass, then its exit sends the parent-death signal: a run
+    SIGTERMed every few ms from its first signal on must still end its log as failed (a CI run of
+    test_workflow_kill once found the log left as a .tmp-* file, killed by torchrun's second SIGTERM)."""
+    shards, bos = synthetic
+    log = tmp_path / "train" / "seed0.txt"
+    proc = subprocess.Popen(train_command(shards, bos, log), env=child_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    sent = 0
+    try:
+        wait_for_first_step(log, lambda: proc.poll() is None)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)
+            sent += 1
+            time.sleep(0.002)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert sent >= 2, "the run ended before a second SIGTERM: the test signalled nothing during the cleanup"
+    # 143, or killed by a SIGTERM that came after the block put the default action back, the log done: a shell
+    # reports 143 for both
+    assert proc.returncode in (128 + signal.SIGTERM, -signal.SIGTERM), stderr
+    assert stderr.strip().splitlines()[-1] == "speedrun train: terminated by SIGTERM", stderr
+    assert_stopped_log(log, signal.SIGTERM)
+
+
 @linux_only
 def test_the_run_dies_with_its_launcher(synthetic, tmp_path):
     shards, bos = synthetic
@@ -187,6 +214,23 @@ def test_stop_on_signals_raises_once_then_restores_and_keeps_ignored_signals_ign
     finally:
         signal.signal(signal.SIGINT, before_int)
     assert str(RunStopped(signal.SIGINT)) == "interrupted by SIGINT" and RunStopped(signal.SIGINT).exit_status == 130
+
+
+def test_after_the_first_stop_sigint_kills_and_sigterm_is_ignored():
+    """During the cleanup: a second Ctrl-C forces (SIGINT's default action), a repeated SIGTERM is ignored."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for first in (signal.SIGTERM, signal.SIGINT):
+        with pytest.raises(RunStopped) as stop:
+            with stop_on_signals():
+                try:
+                    signal.raise_signal(first)
+                except RunStopped:
+                    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+                    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+                    signal.raise_signal(signal.SIGTERM)                 # ignored: this process lives on
+                    raise
+        assert stop.value.signum == first
+        assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_failure_lines_never_end_with_an_empty_message():

@@ -6,8 +6,12 @@ the main thread, so the log ends with ``run failed: terminated by SIGTERM`` or `
 SIGINT``, is renamed to ``--out`` like any failed run's (no ``.tmp-*`` file is left) and the command exits with
 128 + the signal's number (143, 130: the status a shell reports for a process that signal killed, which is what a
 stopped run gave before it was caught, so that scripts can still tell a stop from an error, status 1 or 2; any
-non-zero status fails the Snakemake job). A second stop signal during that cleanup is not caught: it kills at once
-(a forced stop). A signal ignored when the command started (``nohup``, a background job) stays ignored.
+non-zero status fails the Snakemake job). During that cleanup a second SIGINT is not caught: it kills at once (a
+forced stop, Ctrl-C twice), while further SIGTERMs are ignored: launchers repeat it (torchrun signals its workers once
+per shutdown pass and exits, and its exit sends the parent-death signal), and one that killed the cleanup left the log
+as a ``.tmp-*`` file, a run Snakemake could not see as incomplete; a launcher that wants a stuck run gone escalates to
+SIGKILL (torchrun after its timeout, Slurm after KillWait). A signal ignored when the command started (``nohup``, a
+background job) stays ignored.
 
 The run also dies with its launcher: on Linux :func:`die_with_parent` asks the kernel to send it SIGTERM when its
 parent process ends (``prctl(PR_SET_PDEATHSIG, SIGTERM)``, prctl(2)), whatever killed the parent. torchrun starts
@@ -60,12 +64,13 @@ class RunStopped(BaseException):
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Within the block, SIGTERM and SIGINT raise :class:`RunStopped` in the main thread (the handler runs
-    between two bytecodes, so a long GPU kernel or C call finishes first). The first one also puts back the
-    default action of both, so that a second one during the cleanup kills at once. A signal that was ignored
-    (SIG_IGN) stays ignored. The previous handlers are put back at the end. Main thread only (ValueError)."""
+    between two bytecodes, so a long GPU kernel or C call finishes first). The first one also puts back SIGINT's
+    default action, so that a second Ctrl-C during the cleanup kills at once, and ignores SIGTERM, which launchers
+    repeat (module docstring). A signal that was ignored (SIG_IGN) stays ignored. The previous handlers are put
+    back at the end. Main thread only (ValueError)."""
     def handler(signum: int, frame: Any) -> None:
         for s in previous:
-            signal.signal(s, signal.SIG_DFL)
+            signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM else signal.SIG_DFL)
         raise RunStopped(signum)
 
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
