@@ -28,6 +28,9 @@ And for Adam every other step (record #39, ``adam_every: 2`` in configs/fineweb-
 jobs' --config gain "adam_every":2; nothing else changed.
 And for Muon's q/k head-pair blocks (record #80, ``muon_qk_block_heads: 2`` in configs/fineweb-8xh100.yaml): the
 FineWeb train jobs' --config gain "muon_qk_block_heads":2; nothing else changed.
+And for the records' gradient units (``loss_units: micro_batch_sum``, their ``model(...).sum() * grad_scale``):
+the FineWeb train jobs' --config gain "loss_units":"micro_batch_sum"; nothing else changed (checked by script:
+each of the 22 changed lines equals its old self with that item added).
 """
 
 from __future__ import annotations

@@ -199,10 +199,11 @@ def test_record_config_validates_and_resolves(path):
     # param_table wd_mul (record83 L1813-1826, record87 L1928-1941): lm_head and embed 150 (our head kind), value
     # and bigram tables 5 (embed), scalars 0 (scalar); the sublayer kinds' from RECORD_ADAM_KINDS
     assert dict(opt.adam_kind_wd_mul) == {"head": 150, "embed": 5, "scalar": 0}
-    # the records' adam_defaults eps=1e-10 (one for every kind) on a loss summed over a micro-batch's tokens
-    assert (opt.adam_eps, opt.adam_eps_units) == (1e-10, "micro_batch_sum")
-    assert [train.adam_eps_at(s) for s in starts] == pytest.approx(
-        [1e-10 * 8 / t for t in (131072, 262144, 393216, 393216)], rel=1e-12)
+    # the records' adam_defaults eps=1e-10 (one for every kind) on their objective, model(...).sum() *
+    # grad_scale (record83 L2000, record87 L2160, record88 L2132): the loss summed over a micro-batch's tokens
+    assert (opt.adam_eps, opt.adam_eps_units, opt.loss_units) == (1e-10, "micro_batch_sum", "micro_batch_sum")
+    assert [train.adam_eps_at(s) for s in starts] == [1e-10] * 4
+    assert [train.loss_scale_at(s) for s in starts] == [t / 8 for t in (131072, 262144, 393216, 393216)]
     assert config["stats"]["target"] == 3.28 and len(config["variants"]["baseline"]["seeds"]) == 10
     prefix = None if preset in ("record83", "record87") else 0.25        # record #88's prefix loss from #88 on
     assert train.loss_weights_at(0) == ((1.0, 0.5, 0.25), prefix)
@@ -383,6 +384,7 @@ def test_record87_config_is_its_scripts_settings():
     opt = train.optimizer
     assert (opt.muon_lr, opt.muon_momentum, opt.normuon_beta2, opt.weight_decay) == (0.023, 0.95, 0.9, 1.2)
     assert (opt.adam_eps, opt.adam_eps_units, opt.adam_weight_decay) == (1e-10, "micro_batch_sum", 0.005)
+    assert opt.loss_units == "micro_batch_sum"                                 # L2132: .sum() * grad_scale
     # L1933: lm_head lr_mul 0.95 (the embedding is tied to it throughout); L1934, L1940: the bigram and value
     # tables x 75 with adam_coptim 0.5; L1928: scalars x 5
     assert (opt.head_lr, opt.embed_lr, opt.scalar_lr) == pytest.approx((0.008 * 0.95, 0.008 * 75, 0.008 * 5))

@@ -161,7 +161,8 @@ RECORD_SETTINGS = {"preset": "record89", "model": RECORD89_TINY, "staged_schedul
                    "micro_batches": 2, "val_tokens": 512, "val_batch_tokens": 128, "val_every": 3,
                    "dtype": "float32", "muon_lr": 0.023, "normuon_beta2": 0.9, "weight_decay": 1.2,
                    "cautious_weight_decay": True, "head_lr": 0.008, "embed_lr": 0.6, "adam_every": 2,
-                   "muon_qk_block_heads": 1}
+                   "muon_qk_block_heads": 1, "adam_eps": 1e-10, "adam_eps_units": "micro_batch_sum",
+                   "loss_units": "micro_batch_sum"}
 
 
 @pytest.mark.slow
@@ -169,7 +170,7 @@ def test_two_gloo_ranks_equal_one_rank_with_two_accumulation_steps_record89(synt
     """Issue 20: a 2-rank gloo run equals one rank with 2 accumulation steps with every new switch on (MUDD,
     gates, XSA, DC, prefix and MTP losses, the staged schedule with its untie, Adam on odd steps only: its
     gradients kept over the even steps and averaged over the ranks at the odd ones, Muon's q and k in blocks
-    of one head)."""
+    of one head, the records' gradient units)."""
     from test_train import _run_ranks
 
     shards, bos = synthetic

@@ -12,8 +12,12 @@ Orthogonalizer = Literal["newton_schulz", "polar_express"]
 ORTHOGONALIZERS: tuple[str, ...] = get_args(Orthogonalizer)
 MomentumForm = Literal["ema", "sgd"]
 MOMENTUM_FORMS: tuple[str, ...] = get_args(MomentumForm)
-AdamEpsUnits = Literal["mean_loss", "micro_batch_sum"]
-ADAM_EPS_UNITS: tuple[str, ...] = get_args(AdamEpsUnits)
+# The units of a gradient: of our mean loss, or of the records' loss summed over a micro-batch's tokens
+# (OptimConfig.loss_units, OptimConfig.adam_eps_units).
+LossUnits = Literal["mean_loss", "micro_batch_sum"]
+LOSS_UNITS: tuple[str, ...] = get_args(LossUnits)
+AdamEpsUnits = LossUnits
+ADAM_EPS_UNITS = LOSS_UNITS
 
 
 @dataclass(frozen=True)
@@ -68,22 +72,36 @@ class OptimConfig:
     393,216-token steps the same ε here is 1e-10·W/393216 (2.54e-16 on one GPU with 8 accumulation steps, as
     the one-H200 race; 2.03e-15 on its 8 GPUs)."""
     adam_eps_units: AdamEpsUnits = "mean_loss"
-    """What ``adam_eps`` is measured against. ``"mean_loss"``: the gradient of our loss, the mean over the step's
-    tokens; ``adam_eps`` is Adam's ε at every step. ``"micro_batch_sum"``: the records' gradient, of their loss
-    summed over one micro-batch's tokens (records #83-#89 and HEAD: ``loss.sum() * grad_scale``, 1/8 of 8
-    micro-batches on 8 GPUs or on one; ``adam_eps`` then takes their 1e-10 as written): the training loop sets
-    Adam's ε at step s to ``adam_eps · micro_batches / tokens_per_step(s)`` (:meth:`speedrun.training.config.
-    TrainConfig.adam_eps_at`), so one value covers every stage of a batch-size schedule (1e-10 is 6.1e-15 on
-    131,072-token steps, 3.05e-15 on 262,144, 2.03e-15 on 393,216 of 8 micro-batches). Every Adam group of
-    those records has the same ε (their ``adam_defaults``; no per-kind ε), as here."""
+    """What ``adam_eps`` is measured against. ``"mean_loss"``: the gradient of our mean loss over the step's
+    tokens. ``"micro_batch_sum"``: the records' gradient, of their loss summed over one micro-batch's tokens
+    (records #83-#89 and HEAD: ``loss.sum() * grad_scale``, 1/8 of 8 micro-batches on 8 GPUs or on one;
+    ``adam_eps`` then takes their 1e-10 as written). Where these units are not ``loss_units`` the training loop
+    converts ε at every step s (:meth:`speedrun.training.config.TrainConfig.adam_eps_at`): with ``loss_units``
+    mean_loss, ε is ``adam_eps · micro_batches / tokens_per_step(s)``, so one value covers every stage of a
+    batch-size schedule (1e-10 is 6.1e-15 on 131,072-token steps, 3.05e-15 on 262,144, 2.03e-15 on 393,216 of
+    8 micro-batches). Every Adam group of those records has the same ε (their ``adam_defaults``; no per-kind
+    ε), as here."""
+    loss_units: LossUnits = "mean_loss"
+    """What the backward pass differentiates, and so the units of every gradient the optimizers see (the
+    logged loss is the mean either way). ``"mean_loss"``: the mean loss over the step's tokens.
+    ``"micro_batch_sum"``: the records' objective (records #83-#89 and HEAD: ``model(...).sum() * grad_scale``,
+    each micro-batch's loss summed over its tokens, divided by the micro-batches of the step), whose gradients
+    are ``tokens_per_step(s) / micro_batches`` times ours. The two train alike while the micro-batch keeps
+    its size; where a batch-size stage grows it (records #83-#89: 131,072 -> 262,144 -> 393,216 tokens per
+    step), the records' gradients grow with it: Adam's first moment catches up within about 1 / (1 - β1) of
+    its updates and its second within about 1 / (1 - β2), so its steps are larger for a while after each stage
+    start (the scalars' β2 0.99: about 100 updates); Muon's momentum weighs the two stages' gradients by their
+    size; and Adam's gradients kept over ``adam_every`` steps are weighted by those steps' tokens (a stage that
+    starts on a step without an Adam update). Only the training loop reads it
+    (:meth:`speedrun.training.config.TrainConfig.loss_scale_at`)."""
     adam_every: int = 1
     """Adam updates once every ``adam_every`` optimizer steps (>= 1): after the 0-based steps s with
     (s + 1) % adam_every == 0, on the sum of the gradients of the steps since its last update (they are kept,
     not cleared, in between, and averaged over the ranks only when Adam updates); Muon updates at every step.
     Adam's step count (its bias correction) counts its updates. Record #39 and every record since (through HEAD,
-    speedrun-spec.md 3.3: "Adam params are stepped only on odd steps"): 2. 1: every step. The records sum each
-    micro-batch's loss over its tokens, so where the tokens per step change between the two steps (a stage
-    start on an odd step), their gradients weigh by their steps' tokens there and equally here."""
+    speedrun-spec.md 3.3: "Adam params are stepped only on odd steps"): 2. 1: every step. Where the tokens per
+    step change between the kept steps (a stage start on an odd step), the records' summed loss weighs their
+    gradients by their steps' tokens: so does ``loss_units`` micro_batch_sum; mean_loss weighs them alike."""
     adam_kind_betas: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """Adam kind (:data:`ADAM_KINDS`) -> its group's (β1, β2), in place of ``adam_betas``; empty:
     ``adam_betas`` everywhere. The current record (speedrun-spec.md 3.3, its per-parameter table) maps to

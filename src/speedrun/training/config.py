@@ -25,7 +25,7 @@ from typing import Any, Iterator, Literal, Mapping, get_args
 from speedrun.data.loader import TRAIN_BATCHES, TrainBatchesKind
 from speedrun.errors import SpeedrunError, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
-from speedrun.optim.config import (ADAM_EPS_UNITS, ALL_ADAM_KINDS, MOMENTUM_FORMS, ORTHOGONALIZERS,
+from speedrun.optim.config import (ADAM_EPS_UNITS, ALL_ADAM_KINDS, LOSS_UNITS, MOMENTUM_FORMS, ORTHOGONALIZERS,
                                    RECORD_ADAM_KINDS, LrMomentumSchedule, OptimConfig, ScheduleConfig)
 from speedrun.optim.schedules import batch_stages, stage_index, stage_starts, window_blocks
 from speedrun.optim.stages import StagedSchedule, record_schedule
@@ -238,6 +238,7 @@ class TrainConfig:
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
         _check_choice("adam_eps_units", self.optimizer.adam_eps_units, ADAM_EPS_UNITS)
+        _check_choice("loss_units", self.optimizer.loss_units, LOSS_UNITS)
         self._check_record87_optimizer()
         _check_choice("window_stage_span", self.schedule.window_stage_span, get_args(WindowStageSpan))
         if not isinstance(self.model, Mapping):
@@ -304,14 +305,25 @@ class TrainConfig:
             if end == 0:
                 raise SpeedrunError("train.langevin_end_frac must be null or a number in (0, 1], got 0")
 
+    def units_at(self, units: str, step: int) -> float:
+        """The size of a gradient in ``units`` at training step ``step``, relative to the mean loss's: 1 for
+        ``mean_loss``, the step's tokens per micro-batch (``tokens_per_step(step) / micro_batches``) for
+        ``micro_batch_sum`` (:data:`speedrun.optim.config.LOSS_UNITS`)."""
+        return 1.0 if units == "mean_loss" else self.batch_at(step)[0] / self.micro_batches
+
+    def loss_scale_at(self, step: int) -> float:
+        """What the training loop multiplies the step's mean loss by before its backward pass: 1 with
+        ``loss_units`` mean_loss, the tokens per micro-batch of ``step`` with micro_batch_sum (the records'
+        ``loss.sum() * grad_scale``; :class:`speedrun.optim.config.OptimConfig`)."""
+        return self.units_at(self.optimizer.loss_units, step)
+
     def adam_eps_at(self, step: int) -> float:
-        """Adam's ε at training step ``step``: ``adam_eps`` with ``adam_eps_units`` mean_loss, else
-        ``adam_eps · micro_batches / tokens_per_step(step)`` (the records' ε on a loss summed over a
+        """Adam's ε at training step ``step``: ``adam_eps`` taken from ``adam_eps_units`` to the gradients'
+        ``loss_units`` (so ``adam_eps`` itself where the two agree; with micro_batch_sum ε on mean_loss
+        gradients ``adam_eps · micro_batches / tokens_per_step(step)``, the records' ε on a loss summed over a
         micro-batch's tokens, :class:`speedrun.optim.config.OptimConfig`)."""
-        eps = self.optimizer.adam_eps
-        if self.optimizer.adam_eps_units == "mean_loss":
-            return eps
-        return eps * self.micro_batches / self.batch_at(step)[0]
+        opt = self.optimizer
+        return opt.adam_eps * self.units_at(opt.loss_units, step) / self.units_at(opt.adam_eps_units, step)
 
     def _check_schedules(self) -> None:
         schedule = self.schedule.window_schedule

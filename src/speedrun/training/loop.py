@@ -116,10 +116,11 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
                device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
                self_reduced: frozenset[int] = frozenset(),
-               loss_weights: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+               loss_weights: Mapping[str, torch.Tensor] | None = None, loss_scale: float = 1.0) -> torch.Tensor:
     """Forward and backward over this rank's ``micro_batches`` ((inputs, targets, cu_seqlens) on ``device``,
-    as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss divided by their
-    number; documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
+    as :func:`speedrun.data.loader.to_torch` gives them; gradients accumulate, each loss times ``loss_scale``
+    divided by their number (``TrainConfig.loss_scale_at``: 1, or the records' sum over a micro-batch's tokens);
+    documents at most ``max_seq_len`` tokens), then gradients and loss averaged over ranks, except
     the gradients of the parameters in ``self_reduced`` (ids: the sharded Muon reduce-scatters those
     itself, and Adam's, kept between its updates, are averaged at its next one: ``OptimConfig.adam_every``);
     a tied model's embedding gradient is first folded into the head's
@@ -131,7 +132,7 @@ def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: 
     for inputs, targets, cu_seqlens in micro_batches:
         with autocast():
             loss = forward(inputs, targets, cu_seqlens, max_seq_len, **(loss_weights or {}))
-        (loss / len(micro_batches)).backward()
+        (loss * loss_scale / len(micro_batches)).backward()          # x 1.0: bit for bit the mean's
         total += loss.detach().float()
     mean = (total / len(micro_batches)).reshape(1)
     model.fold_tied_gradients()
@@ -339,7 +340,7 @@ class _Run:
         else:
             self.optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step),
                                          cfg.schedule_config())
-        if cfg.optimizer.adam_eps_units != "mean_loss":
+        if cfg.optimizer.adam_eps_units != cfg.optimizer.loss_units:
             set_adam_eps(self.optimizers.optimizers, cfg.adam_eps_at(step))         # the records' ε, per stage
         self.set_windows(step)
         if step == cfg.untie_step() and self.model.tied:
@@ -351,7 +352,8 @@ class _Run:
         adam = self.optimizers.adam_updates_after(step)          # record #39: Adam on odd steps only
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.unreduced_parameters(step),
-                          loss_weights=loss_weight_tensors(cfg, step, self.device))
+                          loss_weights=loss_weight_tensors(cfg, step, self.device),
+                          loss_scale=cfg.loss_scale_at(step))
         self.optimizers.step(adam=adam)
         self.optimizers.zero_grad(adam=adam)
         self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
