@@ -1,0 +1,143 @@
+"""The parity benchmark trains both sides on the same batches: our BOS-aligned loader, fed by benchmarks/parity.sh's
+data (speedrun tokenize --pretokenized of the files laid out for the records), gives every micro-batch of the
+parity schedule exactly as record #88's own ``distributed_data_generator`` does from those files (inputs,
+targets, document boundaries), over 50 steps: a batch-size stage change and two shard boundaries. So a difference of the
+parity runs' losses is the model's and the optimizer's, not the data's.
+
+The record's loader is read from ../shared/reference-code/record88/train_gpt.py at test time (its functions
+``_load_data_shard``, ``Shard``, ``distributed_data_generator`` and the constants they use, executed on the CPU:
+``device="cuda"`` and ``pin_memory=True`` are rewritten in its syntax tree, its loading threads finish before it
+reads, as on a GPU, see :class:`_FinishedThread`); skipped where ../shared is absent.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import math
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from speedrun.data.loader import BosAlignedBatches
+from speedrun.training.config import TrainConfig
+from speedrun.training.data import load_training_data
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+DD = SHARED / "corpora" / "debian-docs"
+TOOLS = SHARED / "reference-code" / "tools"
+RECORD88 = SHARED / "reference-code" / "record88" / "train_gpt.py"
+LOADER_NAMES = {"_load_data_shard", "Shard", "distributed_data_generator", "next_multiple_of_n", "BOS_ID",
+                "TRAIN_MAX_NUM_DOCS"}
+STEPS = 50                  # stage 1 (131,072 tokens, documents cut at 896) to step 34, then 262,144 and 2,048
+
+pytestmark = pytest.mark.skipif(not (DD / "debiandocs_train_000001.bin").exists() or not RECORD88.exists()
+                                or not (TOOLS / "lay_out_data.py").exists(),
+                                reason="needs ../shared/corpora/debian-docs and ../shared/reference-code")
+
+
+class _OnTheCpu(ast.NodeTransformer):
+    """``device="cuda"`` -> ``device="cpu"``, ``pin_memory=True`` -> False (no CUDA here)."""
+
+    def visit_keyword(self, node: ast.keyword) -> ast.keyword:
+        if node.arg == "device" and isinstance(node.value, ast.Constant) and node.value.value == "cuda":
+            node.value = ast.Constant("cpu")
+        if node.arg == "pin_memory":
+            node.value = ast.Constant(False)
+        return node
+
+
+class _FinishedThread:
+    """A thread whose target has run by the time ``start`` returns. The record's ``Shard`` plans from a BOS index
+    of the shard's first 6M tokens until a thread has scanned the whole shard; on a GPU that scan ends long
+    before the first step, but here the loader can pass 6M tokens first (at step 9 of this schedule, under
+    load: the record's loader then leaves the shard early), so its threads run synchronously."""
+
+    def __init__(self, target, args=(), kwargs=None):
+        self._run = lambda: target(*args, **(kwargs or {}))
+
+    def start(self) -> None:
+        self._run()
+
+    def join(self, timeout=None) -> None:
+        pass
+
+
+def _records_loader() -> dict:
+    """Record #88's loader functions and constants, from its script, in a namespace of their imports."""
+    tree = ast.parse(RECORD88.read_text())
+    keep = []
+    for node in tree.body:
+        names = ({node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                 {t.id for t in node.targets if isinstance(t, ast.Name)} if isinstance(node, ast.Assign) else set())
+        if names & LOADER_NAMES:
+            keep.append(node)
+    found = {n.name if hasattr(n, "name") else n.targets[0].id for n in keep}
+    assert found == LOADER_NAMES, f"record #88's script no longer defines {sorted(LOADER_NAMES - found)}"
+    module = ast.fix_missing_locations(_OnTheCpu().visit(ast.Module(body=keep, type_ignores=[])))
+    namespace = {"torch": torch, "Tensor": torch.Tensor, "Path": Path, "glob": glob, "math": math,
+                 "threading": SimpleNamespace(Thread=_FinishedThread, Event=threading.Event), "dist": dist, "args": SimpleNamespace(bigram_vocab_size=50304 * 15),
+                 "get_bigram_hash": lambda x: x}
+    exec(compile(module, str(RECORD88), "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def laid_out(tmp_path_factory) -> tuple[Path, Path]:
+    """Three copies of debian-docs' train shard as the records read them, and our shards and BOS index of those
+    very files (parity.sh's prepare_ours, by its commands)."""
+    root = tmp_path_factory.mktemp("parity")
+    run = lambda *cmd: subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)  # noqa: E731
+    run(sys.executable, str(TOOLS / "lay_out_data.py"), str(DD / "debiandocs_val_000000.bin"),
+        str(DD / "debiandocs_train_000001.bin"), str(root / "data"), "--copies", "3")
+    files = root / "data" / "data" / "fineweb10B"
+    run(sys.executable, "-m", "speedrun", "tokenize", "--pretokenized", str(files / "fineweb_val_000000.bin"),
+        *sorted(str(f) for f in files.glob("fineweb_train_*.bin")), "--allow-repeats",
+        "--out-dir", str(root / "ours" / "shards"), "--dataset", "debiandocs")
+    run(sys.executable, "-m", "speedrun", "bos-index", "--shards-dir", str(root / "ours" / "shards"),
+        "--out-dir", str(root / "ours" / "bos"))
+    return files, root / "ours"
+
+
+def test_our_parity_batches_are_record88s_own(laid_out):
+    files, ours = laid_out
+    settings = yaml.safe_load((ROOT / "benchmarks" / "configs" / "parity-record88.yaml").read_text())["train"]
+    config = TrainConfig.from_dict({**settings, "device": "cpu", "compile": False, "model": {}})  # the schedule
+    accumulation = config.micro_batches
+    assert accumulation == 8 and config.batch_at(0) == (131072, 896) and config.batch_at(35) == (262144, 2048)
+
+    record = _records_loader()
+    tokens, seq_len = config.batch_at(0)
+    theirs = record["distributed_data_generator"](str(files / "fineweb_train_*.bin"), tokens, seq_len,
+                                                  grad_accum_steps=accumulation)
+    data = load_training_data(ours / "shards", ours / "bos")
+    assert len(data.train_shards) == 3
+    loader = BosAlignedBatches(data.train_shards, data.train_bos, tokens // accumulation, seq_len)
+    shard_of_step = []
+    for step in range(STEPS):
+        send = None
+        if config.batch_at(step) != (tokens, seq_len):                # the record's advance_schedule
+            tokens, seq_len = config.batch_at(step)
+            send = (tokens, seq_len, accumulation)
+            loader.set_batch(tokens // accumulation, seq_len)
+        mine = loader.next_step(accumulation, 0, 1)
+        for m, mb in enumerate(mine):
+            inputs, targets, cum_lengths, _, _ = theirs.send(send)
+            where = f"step {step}, micro-batch {m}"
+            assert np.array_equal(mb.inputs, inputs.numpy()), where
+            assert np.array_equal(mb.targets, targets.numpy()), where
+            padded = cum_lengths.numpy()                               # [0, ends..., T, T, ...] (max_num_docs)
+            n = len(mb.cu_seqlens)
+            assert np.array_equal(mb.cu_seqlens, padded[:n]) and (padded[n:] == tokens // accumulation).all(), where
+        shard_of_step.append(loader._planner.shard)                  # the copy this step read
+    assert loader.steps_drawn == STEPS
+    assert shard_of_step[0] == 0 and shard_of_step[-1] == 2     # both shard boundaries crossed
