@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from speedrun.data.loader import BosAlignedBatches
+from speedrun.data.loader import BosAlignedBatches, validation_batches
 from speedrun.training.config import TrainConfig
 from speedrun.training.data import load_training_data
 
@@ -141,3 +141,24 @@ def test_our_parity_batches_are_record88s_own(laid_out):
         shard_of_step.append(loader._planner.shard)                  # the copy this step read
     assert loader.steps_drawn == STEPS
     assert shard_of_step[0] == 0 and shard_of_step[-1] == 2     # both shard boundaries crossed
+
+
+def test_our_parity_validation_scores_record88s_own_chunks(laid_out):
+    """The parity schedule's validation (1,048,576 tokens in 8 chunks of 131,072 on one GPU: the record's
+    val_steps = 8 x val_tokens / val_batch_size) reads the same tokens with the same document starts; the
+    record lists a chunk's leading BOS as a document start of its own (an empty first document)."""
+    files, ours = laid_out
+    settings = yaml.safe_load((ROOT / "benchmarks" / "configs" / "parity-record88.yaml").read_text())["train"]
+    val_tokens, val_batch = settings["val_tokens"], settings["val_batch_tokens"]
+    assert (val_tokens, val_batch) == (1048576, 131072)
+    record = _records_loader()
+    theirs = record["distributed_data_generator"](str(files / "fineweb_val_*.bin"), val_tokens, -1,
+                                                  grad_accum_steps=8, align_to_bos=False)
+    data = load_training_data(ours / "shards", ours / "bos")
+    mine = validation_batches(data.val_tokens, data.val_bos, val_tokens, val_batch, 0, 1)
+    assert len(mine) == 8
+    for c, mb in enumerate(mine):
+        inputs, targets, cum_lengths, _, _ = next(theirs)
+        assert np.array_equal(mb.inputs, inputs.numpy()) and np.array_equal(mb.targets, targets.numpy()), c
+        starts = sorted(set(cum_lengths.numpy().tolist()))            # the record's 0, 0 and its T padding once
+        assert mb.cu_seqlens.tolist() == starts, c
