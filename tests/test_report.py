@@ -3,6 +3,7 @@
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,13 +18,16 @@ from speedrun.analysis.report_tables import render_summary
 from speedrun.errors import SpeedrunError
 
 
-def _write_run(folder, seed, status, losses, final=None, time_ms=None, **provenance):
+def _write_run(folder, seed, status, losses, final=None, time_ms=None, steps=None, **provenance):
+    """A parsed run of validations every 10 steps (``losses``) that stopped at the last; ``steps``: scheduled
+    (default: the last validation's step, a complete run)."""
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"step": 10 * i, "total_steps": 10 * (len(losses) - 1), "kind": "val", "train_loss": None,
+    last = 10 * (len(losses) - 1)
+    rows = [{"step": 10 * i, "total_steps": steps or last, "kind": "val", "train_loss": None,
              "val_loss": loss, "train_time_ms": 100.0 * i, "step_avg_ms": 10.0} for i, loss in enumerate(losses)]
     pd.DataFrame(rows).to_csv(folder / f"seed{seed}.csv", index=False)
     record = {"file": f"{folder.name}/seed{seed}.txt", "status": status, "seed": seed,
-              "steps": 10 * (len(losses) - 1), "val_loss": final, "train_time_ms": time_ms, **provenance}
+              "steps": steps or last, "last_step": last, "val_loss": final, "train_time_ms": time_ms, **provenance}
     path = folder / f"seed{seed}.json"
     path.write_text(json.dumps(record))
     return path
@@ -38,7 +42,7 @@ def paths(tmp_path):
         _write_run(tmp_path / "baseline", 1, "complete", [10.8, 7.1, 6.3], 6.3, 63000.0, **prov),
         _write_run(tmp_path / "baseline", 2, "complete", [10.8, 7.0, 6.1], 6.1, 61500.0, **prov),
         _write_run(tmp_path / "candidate", 0, "complete", [10.8, 6.8, 5.9], 5.9, 60000.0),
-        _write_run(tmp_path / "candidate", 1, "diverged", [10.8, float("nan")], None, None),
+        _write_run(tmp_path / "candidate", 1, "diverged", [10.8, float("nan")], None, None, steps=20),
     ]
 
 
@@ -175,6 +179,9 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
     assert "| baseline | 2 | complete, duplicate of seed0 | 6.1000 | 61.50 | 20 |" in text
     assert "**1 duplicate run(s)**, not counted: baseline seed 2 (of seed0)" in text
     assert "| baseline | 0 | complete | 6.1000 | 61.00 | 20 |" in text
+    # a diverged run shows where it stopped, not only the steps it was scheduled for
+    assert "| candidate | 1 | diverged | – | – | 10 of 20 |" in text
+    assert list(written["steps"]) == [20] * 5 and list(written["last_step"]) == [20, 20, 20, 20, 10]
 
 
 def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_within_the_rules():
@@ -229,6 +236,11 @@ def test_verdict_says_why_a_candidate_has_no_test(tmp_path):
         ("3 / 0", "no: no complete runs (1 failed, 1 truncated)"),
         ("3 / 1", "no: only 1 complete run (1 diverged), too few for a t-test"),
         ("0 / 3", "no: baseline has no complete runs (1 diverged)")]
+    # a side without counted runs cannot be checked against the rules: unknown, never "ok"
+    # a side without counted runs cannot be checked against the rules: unknown, never "ok" (these logs record no
+    # data hashes and no world size: 3 rules unknown even where both sides have runs)
+    assert [c["rules_ok"] for c in comparisons] == [None] * 6
+    assert [row[-2] for row in rows] == ["ok, 3 unknown", "unknown", "unknown", "unknown", "ok, 3 unknown", "unknown"]
     # the normal case is a yes by scipy too: the candidate's mean is below 7 and its time (4 steps) is lower
     assert sps.ttest_1samp([6.80, 6.83, 6.79], 7.0, alternative="less").pvalue < 0.05
     assert sps.ttest_ind([0.36, 0.364, 0.368], [0.4, 0.408, 0.404], equal_var=False,

@@ -108,3 +108,14 @@ def test_public_records_pass_what_their_logs_record():
                                  "world size": "unknown", "GPUs": "ok", "compile flags": "ok"}
     old = compare_groups(one_group(str(REFERENCE / "2025-01-16_Sub3Min"), "B"), one_group(str(folder / "pr299"), "C"))
     assert statuses(old.rules)["compile flags"] == "violation"  # Sub3Min still tuned with coordinate descent
+
+
+def test_rules_ok_is_false_on_a_violation_none_when_a_rule_is_unknown_true_when_all_hold():
+    from speedrun.analysis.comparison import rules_ok
+    from speedrun.analysis.rules import RuleCheck
+
+    ok, note = RuleCheck("world size", "ok", "8 on both sides"), RuleCheck("validation tokens", "note", "")
+    unknown, bad = RuleCheck("train data", "unknown", ""), RuleCheck("GPUs", "violation", "")
+    assert rules_ok([ok, note]) is True
+    assert rules_ok([ok, unknown]) is None and rules_ok([unknown]) is None
+    assert rules_ok([bad, unknown, ok]) is False

@@ -12,8 +12,8 @@ Outputs (all written atomically):
   p < alpha, the train_time; each candidate against the baseline with its rules check; every run with its
   status (incomplete runs are listed, never counted); the runs' provenance; with ``--describe``, what each
   variant runs, and with ``--replicates``, which variants' seeds are replicates (script variants).
-- ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, file, duplicate_of,
-  counted).
+- ``runs.csv``: one row per run (variant, seed, status, val_loss, train_time_s, steps, last_step, file,
+  duplicate_of, counted).
 - ``val_loss.png``: val_loss against step for every run, whole run and the last part zoomed.
 - ``val_loss_band.png``: per variant, mean val_loss over the counted runs and the min-max band, zoomed too.
 - ``final_val_loss.png``: final val_loss of each complete run per variant, mean and std, the target.

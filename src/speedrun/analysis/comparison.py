@@ -71,13 +71,21 @@ class Comparison:
             "z_rule": None if self.z_rules is None else {
                 side: asdict(z) for side, z in zip(("baseline", "candidate"), self.z_rules)},
             "rules": [r.to_json() for r in self.rules],
-            "rules_ok": all(r.status != "violation" for r in self.rules),
+            "rules_ok": rules_ok(self.rules),
             "warnings": list(self.warnings),
             "incomplete": {side: [{"file": r.file, "status": r.status, "last_step": r.last_step, "reason": r.reason}
                                   for r in runs] for side, runs in self.incomplete.items()},
             "duplicates": {side: [{"file": r.file, "duplicate_of": orig, "duplicate_kind": kind}
                                   for r, orig, kind in dups] for side, dups in self.duplicates.items()},
         })
+
+
+def rules_ok(rules: Sequence[RuleCheck]) -> bool | None:
+    """False when a rule is violated, None when none is but one could not be checked (``unknown``: e.g. a side
+    without a counted run), True when every rule was checked and holds (``ok`` or ``note``)."""
+    if any(r.status == "violation" for r in rules):
+        return False
+    return None if any(r.status == "unknown" for r in rules) else True
 
 
 def _test_json(test: WelchTest, alpha: float) -> dict[str, Any]:

@@ -314,7 +314,8 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
     The variant of a run is the name of the folder of its record (results/parse/<variant>/seed<N>.json).
 
     Returns:
-        runs: one row per run: variant, seed, status, val_loss, train_time_s (s), steps, file.
+        runs: one row per run: variant, seed, status, val_loss, train_time_s (s), steps (scheduled), last_step
+            (the last logged step: where an incomplete run stopped), file.
         curves: one row per validation line: variant, seed, step, val_loss, run (the run's row in ``runs``).
 
     Raises:
@@ -325,7 +326,7 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
         time_ms = record.get("train_time_ms")
         rows.append({"variant": record["variant"], "seed": record.get("seed"), "status": record["status"],
                      "val_loss": record.get("val_loss"), "train_time_s": None if time_ms is None else time_ms / 1000.0,
-                     "steps": record.get("steps"), "file": record.get("file")})
+                     "steps": record.get("steps"), "last_step": record.get("last_step"), "file": record.get("file")})
         csv_path = path.with_suffix(".csv")
         if not csv_path.is_file():
             raise SpeedrunError(f"{csv_path}: per-step metrics not found beside {path.name}")
@@ -338,7 +339,8 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
             raise SpeedrunError(f"{csv_path}: lacks column(s) {', '.join(sorted(missing))}")
         val = metrics[metrics["kind"] == "val"][["step", "val_loss"]]
         curves.append(val.assign(variant=record["variant"], seed=record.get("seed"), run=i))
-    runs = pd.DataFrame(rows, columns=["variant", "seed", "status", "val_loss", "train_time_s", "steps", "file"])
+    runs = pd.DataFrame(rows, columns=["variant", "seed", "status", "val_loss", "train_time_s", "steps", "last_step",
+                                       "file"])
     curve_frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=["step", "val_loss", "variant", "seed", "run"])
     return runs, curve_frame

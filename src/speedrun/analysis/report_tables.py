@@ -142,7 +142,9 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
         v, t = c["val_loss"], c["train_time"]
         speedup = c.get("speedup") or {}
         bad = sum(1 for r in c.get("rules", []) if r["status"] == "violation")
-        rules = DASH if "rules" not in c else ("ok" if not bad else f"**{bad} violated**")
+        unknown = sum(1 for r in c.get("rules", []) if r["status"] == "unknown")
+        rules = (DASH if "rules" not in c else f"**{bad} violated**" if bad else
+                 "unknown" if unknown == len(c["rules"]) else f"ok, {unknown} unknown" if unknown else "ok")
         rows.append([c["candidate"], f"{c['n_baseline']} / {c['n_candidate']}",
                      f"{_fmt(v.get('difference'))} [{_fmt(v.get('ci_low'))}, {_fmt(v.get('ci_high'))}]",
                      _fmt_p(v.get("p_value")),
@@ -202,11 +204,19 @@ def _status_cell(r: Any) -> str:
     return f"{r.status}, duplicate of {run_label(of)}" if of else r.status
 
 
+def _steps_cell(r: Any) -> str:
+    """A complete run's steps; where an incomplete one stopped, ``<last logged step> of <steps>``."""
+    last = getattr(r, "last_step", None)
+    if r.status == "complete" or last is None or pd.isna(last):
+        return str(r.steps)
+    return f"{int(last)} of {r.steps}"
+
+
 def runs_lines(runs: pd.DataFrame) -> list[str]:
     """The run table (a dash for an unknown seed; a duplicate marked in its status) and the runs not counted:
     incomplete ones and duplicates (named by seed, or by file when the seed is unknown)."""
     lines = md_table(["variant", "seed", "status", "val_loss", "train_time (s)", "steps"], [
-        [r.variant, _seed_cell(r.seed), _status_cell(r), _fmt(r.val_loss), _fmt(r.train_time_s, 2), r.steps]
+        [r.variant, _seed_cell(r.seed), _status_cell(r), _fmt(r.val_loss), _fmt(r.train_time_s, 2), _steps_cell(r)]
         for r in runs.itertuples()])
     incomplete = [r for r in runs.itertuples() if r.status != "complete"]
     if incomplete:
