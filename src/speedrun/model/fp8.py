@@ -91,17 +91,21 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous()
 
 
-def scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor
-              ) -> torch.Tensor:
-    """``(a8 * a_scale) @ (b8 * b_scale).T`` (M, N) bf16 from float8 a8 (M, K) and b8 (N, K), both row-major.
+def scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor, *,
+              out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True) -> torch.Tensor:
+    """``(a8 * a_scale) @ (b8 * b_scale).T`` (M, N) in ``out_dtype`` (bf16 or fp32) from float8 a8 (M, K) and
+    b8 (N, K), both row-major.
 
-    On CUDA, K and N must be multiples of 16 (``RuntimeError`` otherwise) and the tensor cores accumulate in
-    fast mode as in the records; on a CPU torch runs its reference implementation. e5m2 x e5m2 is not
-    supported by the hardware; one operand at least must be e4m3.
+    On CUDA, K and N must be multiples of 16 (``RuntimeError`` otherwise). ``fast_accum``: Hopper's fast FP8
+    accumulation, whose partial sums are not promoted to fp32 as often; the records take it for the forward
+    products only and run every backward product without it, the weight gradient out in fp32 (record #88's
+    ``mm_t_backward`` and the cross-entropy kernel's backward: ``use_fast_accum=False``). On a CPU torch runs
+    its reference implementation either way. e5m2 x e5m2 is not supported by the hardware; one operand at least
+    must be e4m3.
     """
-    extra = {"use_fast_accum": True} if a8.is_cuda else {}
+    extra = {"use_fast_accum": fast_accum} if a8.is_cuda else {}
     # _scaled_mm wants its second operand column-major: b8 (N, K) row-major, transposed, is exactly that.
-    return torch._scaled_mm(a8, b8.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=torch.bfloat16, **extra)
+    return torch._scaled_mm(a8, b8.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, **extra)
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: FP8Scales = DYNAMIC_SCALES) -> torch.Tensor:
@@ -192,8 +196,9 @@ class _FP8Linear(torch.autograd.Function):
             x8, x_scale, w8, w_scale, w8_t = ctx.saved_tensors
             w8_t = transposed(w8) if w8_t is None else w8_t                         # (K, N)
             g8, g_scale = quantize(grad_out, None, E5M2)                       # (M, N)
-            grad_x = scaled_mm(g8, g_scale, w8_t, w_scale) if need_x else None
-            grad_w = scaled_mm(transposed(g8), g_scale, transposed(x8), x_scale) if need_w else None
+            grad_x = scaled_mm(g8, g_scale, w8_t, w_scale, fast_accum=False) if need_x else None
+            grad_w = (scaled_mm(transposed(g8), g_scale, transposed(x8), x_scale, out_dtype=torch.float32,
+                                fast_accum=False) if need_w else None)                  # as the records'
         else:
             x_bf16, w_bf16 = ctx.saved_tensors
             g = grad_out.to(torch.bfloat16)

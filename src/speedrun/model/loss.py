@@ -273,8 +273,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if ctx.fp8:
             x8, x_scale, w8, w_scale, w8_t = operands                           # grad: (T, V) e5m2
             w8_t = transposed(w8) if w8_t is None else w8_t                         # (C, V)
-            dx = scaled_mm(grad, scale, w8_t, w_scale) if need_x else None
-            dw = scaled_mm(transposed(grad), scale, transposed(x8), x_scale) if need_w else None
+            dx = scaled_mm(grad, scale, w8_t, w_scale, fast_accum=False) if need_x else None     # the records':
+            dw = (scaled_mm(transposed(grad), scale, transposed(x8), x_scale, out_dtype=torch.float32,  # exact
+                            fast_accum=False) if need_w else None)                    # sums, dW in fp32
         else:
             xs, ws = operands
             dx = (grad @ ws).to(acc) * scale if need_x else None
