@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import (check_config_syntax, check_training_data, match_document_files,
-                                       replace_default_variants)
+from speedrun.workflow.planning import (check_config_syntax, check_dataset_named, check_training_data,
+                                       match_document_files, replace_default_variants)
 from synthetic_data import counting_documents, write_dataset
 
 SETTINGS = {"steps": 4, "tokens_per_step": 512, "micro_batches": 2, "max_seq_len": 128, "val_tokens": 256}
@@ -194,3 +194,21 @@ def test_document_patterns_match_in_order_and_one_that_matches_nothing_is_named(
     with pytest.raises(SpeedrunError) as refused:
         match_document_files([str(tmp_path / "none" / "*.parquet")], "c.yaml")
     assert "matches no file; expected" in str(refused.value)          # an absolute pattern: no folder named
+
+
+def test_a_data_source_on_top_of_config_yaml_needs_a_data_set_name_of_its_own(tmp_path):
+    """A new-user run: a --configfile with `data: {source: shards, shards: {path: ...}}` alone planned its shards
+    and six runs under config.yaml's `shakespeare`. The project's config.yaml's own source, or another name,
+    passes."""
+    own = tmp_path / "config.yaml"
+    own.write_text("data:\n  source: embedded\n  name: shakespeare\n")
+    shards = {"data": {"source": "shards", "name": "shakespeare", "shards": {"path": "/data/fineweb10B"}}}
+    with pytest.raises(SpeedrunError) as refused:
+        check_dataset_named(shards, own, "config.yaml + my.yaml")
+    assert str(refused.value) == (
+        "config.yaml + my.yaml: data.source is 'shards' but data.name is still config.yaml's 'shakespeare' (its "
+        "'embedded' data set's): give this data set a name of its own (data.name, e.g. data: {source: shards, "
+        "name: mydata}), so that its shards and runs do not land under results/*/shakespeare")
+    check_dataset_named({"data": {**shards["data"], "name": "fineweb"}}, own, "w")
+    check_dataset_named({"data": {"source": "embedded", "name": "shakespeare"}}, own, "w")
+    check_dataset_named(shards, tmp_path / "absent.yaml", "w")        # nothing to compare with

@@ -391,6 +391,21 @@ def test_a_yaml_error_in_config_yaml_is_named_with_its_line(tmp_path):
     assert "SpeedrunError in file" not in out and 'File "' not in out, out[-2000:]
 
 
+def test_a_key_given_twice_in_a_configfile_is_named_with_its_line(tmp_path):
+    """Snakemake reads a --configfile with PyYAML, which keeps the second of two equal keys silently (a new-user
+    run lost a variant so); the workflow names it as it names one in config.yaml."""
+    from cluster_support import copy_workflow, micro_config, snakemake
+
+    workdir = copy_workflow(tmp_path, micro_config({"baseline": {"seeds": [0]}}))
+    (workdir / "dup.yaml").write_text("variants:\n  baseline: {seeds: [0]}\n  fast: {seeds: [0]}\n"
+                                      "  baseline: {seeds: [1]}\n")
+    done = snakemake(workdir, "-n", "--cores", "1", "report", "--configfile", "dup.yaml")
+    assert done.returncode != 0
+    assert ("dup.yaml: not valid YAML: line 4, column 3: key 'baseline' given twice in one mapping (first at line "
+            "2); the second would replace the first") in done.stdout, done.stdout[-2000:]
+    assert 'File "' not in done.stdout, done.stdout[-2000:]
+
+
 def test_a_comparison_or_bundle_of_the_baseline_is_one_line_naming_the_candidates(tmp_path):
     """`snakemake results/bundle/baseline` (the baseline as its own candidate): one line naming the config
     file, stats.baseline and the candidates to name instead."""

@@ -9,7 +9,8 @@ from snakemake.logging import logger
 from snakemake.utils import validate
 
 from speedrun.errors import SpeedrunError
-from speedrun.workflow.planning import replace_default_variants, resolve_experiment, schema_error_message
+from speedrun.workflow.planning import (check_config_syntax, check_dataset_named, replace_default_variants,
+                                       resolve_experiment, schema_error_message)
 from speedrun.workflow.sources import module_files
 
 
@@ -45,6 +46,14 @@ def _config_files_in_reading_order():
 CONFIG_FILES = " + ".join([_shown_path(f) for f in _config_files_in_reading_order()]
                           + (["--config"] if workflow.config_settings.config else []))
 
+# A key given twice in a --configfile (Snakemake has read it already, keeping the second silently: a variant
+# copied under the name of another replaced it) is named with its line, as in config.yaml (Snakefile).
+for _path in workflow.config_settings.configfiles or []:
+    try:
+        check_config_syntax(_path)
+    except SpeedrunError as error:
+        fail_planning(str(error))
+
 # A --configfile that names `variants` names all of them: config.yaml's `candidate` does not leak into it.
 replace_default_variants(config, list(workflow.config_settings.configfiles or []),
                          workflow.config_settings.overwrite_config or {})
@@ -55,6 +64,7 @@ except WorkflowError as error:
     fail_planning(schema_error_message(CONFIG_FILES, error))
 
 try:                               # every variant's settings merged, validated and resolved once
+    check_dataset_named(config, os.path.join(workflow.basedir, "config.yaml"), CONFIG_FILES)
     EXPERIMENT = resolve_experiment(config, CONFIG_FILES)
 except SpeedrunError as error:
     fail_planning(str(error))

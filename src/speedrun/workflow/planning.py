@@ -500,6 +500,27 @@ def check_config_syntax(path: str | Path) -> None:
         raise SpeedrunError(f"{path}: not valid YAML: {e}") from None
 
 
+def check_dataset_named(config: Mapping[str, Any], project_config: str | Path, where: str) -> None:
+    """Refuse a data source given on top of the project's config.yaml (``project_config``) without a data set
+    name of its own: ``data.name`` names the shards and every result folder (``results/shards/<name>``, the runs
+    under it), so a ``--configfile`` that sets ``data.source: shards`` alone would build those shards, and train
+    on them, under config.yaml's ``shakespeare``, beside (and in place of) the embedded corpus's. Raises
+    :class:`SpeedrunError` naming ``where`` (the config files), the two keys and what to write. A config.yaml
+    that cannot be read leaves nothing to compare with (Snakemake reports it)."""
+    import yaml
+
+    try:
+        own = (yaml.safe_load(Path(project_config).read_text(encoding="utf-8")) or {}).get("data") or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return
+    data = config["data"]
+    if own.get("name") == data["name"] and own.get("source") not in (None, data["source"]):
+        raise SpeedrunError(f"{where}: data.source is {data['source']!r} but data.name is still config.yaml's "
+                            f"{data['name']!r} (its {own['source']!r} data set's): give this data set a name of its "
+                            f"own (data.name, e.g. data: {{source: {data['source']}, name: mydata}}), so that its "
+                            f"shards and runs do not land under results/*/{data['name']}")
+
+
 def replace_default_variants(config: dict[str, Any], configfiles: list[str | Path],
                              command_line: Mapping[str, Any]) -> bool:
     """Let the variants of a ``--configfile`` replace config.yaml's instead of merging into them.
