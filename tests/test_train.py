@@ -74,6 +74,20 @@ def test_run_log_appears_under_its_name_only_when_finished(tmp_path, capsys):
     silent.finish()
 
 
+def test_a_new_run_log_removes_the_temporary_logs_a_killed_run_left(tmp_path):
+    """A run killed with SIGKILL leaves its .tmp-seed0.txt.* behind (a new-user run found one, mode 0600); the
+    next run of the same path removes it, and no other file."""
+    folder = tmp_path / "train"
+    folder.mkdir()
+    for name in (".tmp-seed0.txt.ab12cd", ".tmp-seed0.txt.zz", ".tmp-seed1.txt.ab12cd", "seed0.csv", ".tmp-seed0.txt"):
+        (folder / name).write_text("old")
+    log = RunLog(folder / "seed0.txt", echo=False)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([log.tmp_path.name, ".tmp-seed1.txt.ab12cd", "seed0.csv",
+                                                               ".tmp-seed0.txt"])
+    log.finish()
+    assert (folder / "seed0.txt").read_text() == ""
+
+
 # ---- runs --------------------------------------------------------------------------------------------
 
 

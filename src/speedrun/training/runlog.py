@@ -14,6 +14,7 @@ always a whole log.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import resource
@@ -114,7 +115,9 @@ def header_lines(fields: Mapping[str, Any]) -> list[str]:
 class RunLog:
     """Rank 0's log file: lines go to a temporary file beside ``path`` (and, with ``echo``, to stdout),
     flushed as they are written; :meth:`finish` renames it to ``path``. With ``path`` None nothing is
-    written (the other ranks).
+    written (the other ranks). The temporary logs that earlier runs of ``path`` left behind (``.tmp-<name>.*``:
+    a run killed with SIGKILL, a lost machine) are removed first: one run writes a path at a time (Snakemake
+    locks its outputs), so a second run started by hand on the same ``--out`` takes the first one's away.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, echo: bool = True):
@@ -127,6 +130,8 @@ class RunLog:
                 raise SpeedrunError(f"{self.path}: is a folder; expected the training log's file name "
                                     "(results/train/<variant>/seed<N>.txt)")
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.parent.glob(f".tmp-{glob.escape(self.path.name)}.*"):
+                stale.unlink(missing_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
             self.tmp_path = Path(name)
             self._file = os.fdopen(fd, "w", encoding="utf-8")
