@@ -24,7 +24,7 @@ def test_too_few_gpus():
     with pytest.raises(SpeedrunError, match=r"expected 8 GPUs on this node .*found 4 x NVIDIA H100 80GB HBM3 "
                                             r"\(79.6 GiB\)"):
         check_gpus(GpuRequirement("H100"), 8, [H100] * 4)
-    with pytest.raises(SpeedrunError, match=r"expected 1 GPUs on this node .*found none"):
+    with pytest.raises(SpeedrunError, match=r"expected 1 GPU on this node .*found none"):
         check_gpus(GpuRequirement(), 1, [])
 
 

@@ -67,7 +67,9 @@ def check_gpus(requirement: GpuRequirement, count: int, gpus: Sequence[GpuInfo])
     meets ``requirement``; the message gives what was expected, where it comes from and what was found."""
     found = describe(gpus)
     if len(gpus) < count:
-        raise SpeedrunError(f"GPU preflight: expected {count} GPUs on this node (one per process), found {found}")
+        gpus_word = "GPU" if count == 1 else "GPUs"
+        raise SpeedrunError(f"GPU preflight: expected {count} {gpus_word} on this node (one per process), "
+                            f"found {found}")
     if any(requirement.model.lower() not in g.name.lower() for g in gpus):
         raise SpeedrunError(f"GPU preflight: expected GPUs whose name contains {requirement.model!r} "
                             f"(config.yaml cluster.gpu_model), found {found}")
