@@ -188,7 +188,10 @@ def test_a_schema_error_is_one_line_naming_the_files_the_key_and_the_way_to_writ
              ({"train": {**config["train"], "preset": "gpt2"}},
               "a.yaml: train.preset: 'gpt2' is not one of ['tiny', 'gpt124m', 'record28', 'record88', "
               "'record89', 'record83', 'record87', 'record12', 'record31']"),
-             ({"zoom": 1}, "a.yaml: (the top level): Additional properties are not allowed ('zoom' was unexpected)")]
+             ({"zoom": 1}, "a.yaml: (the top level): Additional properties are not allowed ('zoom' was unexpected); "
+                           f"expected one of {', '.join(schema['properties'])}"),
+             ({"statz": {}}, "a.yaml: (the top level): Additional properties are not allowed ('statz' was "
+                             f"unexpected) (did you mean 'stats'?); expected one of {', '.join(schema['properties'])}")]
     for change, message in cases:
         with pytest.raises(jsonschema.ValidationError) as caught:
             jsonschema.validate({**config, **change}, schema)

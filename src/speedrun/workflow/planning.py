@@ -448,7 +448,19 @@ def schema_error_message(config_files: str, error: BaseException) -> str:
     if found is None:
         return f"{config_files}: {error}"
     key = ".".join(str(part) for part in found.absolute_path) or "(the top level)"
-    return f"{config_files}: {key}: {found.message}{schema_value_hint(config_files, key, found.instance)}"
+    return f"{config_files}: {key}: {found.message}{schema_value_hint(config_files, key, found.instance)}" \
+           f"{_unexpected_key_hint(found)}"
+
+
+def _unexpected_key_hint(found: Any) -> str:
+    """For a key the schema does not allow (jsonschema's ``additionalProperties``): the closest allowed key and
+    the allowed ones (`` (did you mean 'stats'?); expected one of data, train, ...``), else ``""``."""
+    allowed = list((found.schema or {}).get("properties") or {})
+    if found.validator != "additionalProperties" or not isinstance(found.instance, Mapping) or not allowed:
+        return ""
+    extra = [k for k in found.instance if k not in allowed]
+    close = did_you_mean(str(extra[0]), allowed) if extra else ""
+    return f"{close}; expected one of {', '.join(allowed)}"
 
 
 def _unique_keys_loader() -> type:
