@@ -217,20 +217,29 @@ def test_stop_on_signals_raises_once_then_restores_and_keeps_ignored_signals_ign
 
 
 def test_after_the_first_stop_sigint_kills_and_sigterm_is_ignored():
-    """During the cleanup: a second Ctrl-C forces (SIGINT's default action), a repeated SIGTERM is ignored."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    for first in (signal.SIGTERM, signal.SIGINT):
-        with pytest.raises(RunStopped) as stop:
-            with stop_on_signals():
-                try:
-                    signal.raise_signal(first)
-                except RunStopped:
-                    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
-                    assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
-                    signal.raise_signal(signal.SIGTERM)                 # ignored: this process lives on
-                    raise
-        assert stop.value.signum == first
-        assert {s: signal.getsignal(s) for s in before} == before
+    """During the cleanup: a second Ctrl-C forces (SIGINT's default action), a repeated SIGTERM is ignored. Both
+    caught at the start, as in a terminal (pytest started as a background job inherits SIGINT ignored, which
+    stop_on_signals keeps so)."""
+    started_with = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for first in (signal.SIGTERM, signal.SIGINT):
+            with pytest.raises(RunStopped) as stop:
+                with stop_on_signals():
+                    try:
+                        signal.raise_signal(first)
+                    except RunStopped:
+                        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+                        assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+                        signal.raise_signal(signal.SIGTERM)             # ignored: this process lives on
+                        raise
+            assert stop.value.signum == first
+            assert signal.getsignal(signal.SIGINT) == signal.default_int_handler      # put back
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        for s, handler in started_with.items():
+            signal.signal(s, handler)
 
 
 def test_failure_lines_never_end_with_an_empty_message():
