@@ -18,6 +18,7 @@ from speedrun.data.loader import padded_cu_seqlens
 from speedrun.errors import SpeedrunError
 from speedrun.model.config import build_model_config
 from speedrun.model.gpt import GPT
+from speedrun.optim.groups import Optimizers
 from speedrun.training import loop
 from speedrun.training.config import TrainConfig
 from speedrun.training.loop import run_training, train_step
@@ -133,31 +134,23 @@ def test_the_loop_scales_each_stages_loss_and_keeps_the_records_eps(synthetic, t
     """The staged schedule of test_training_staged (2 micro-batches; 256 tokens per step, then 512) in the
     records' units: the loss scale is each step's tokens per micro-batch, and Adam keeps their ε 1e-10."""
     shards, bos = synthetic
-    seen = []
-    real_step = loop.train_step
+    scales, eps = [], []
+    real_train_step, real_step = loop.train_step, Optimizers.step
 
-    def spy(*args, loss_scale=1.0, **kwargs):
-        model = args[1]
-        mean = real_step(*args, loss_scale=loss_scale, **kwargs)
-        adams = [opt for opt in run.optimizers.optimizers if any("betas" in g for g in opt.param_groups)]
-        seen.append((loss_scale, sorted({g["eps"] for opt in adams for g in opt.param_groups})))
-        assert model.training
-        return mean
+    def train_step(*args, loss_scale=1.0, **kwargs):
+        scales.append(loss_scale)
+        return real_train_step(*args, loss_scale=loss_scale, **kwargs)
 
-    real_init = loop._Run.__init__
-    run = None
+    def step(self, adam=True):
+        eps.append(sorted({g["eps"] for opt in self.optimizers for g in opt.param_groups if "betas" in g}))
+        return real_step(self, adam=adam)
 
-    def init(self, *args, **kwargs):
-        nonlocal run
-        real_init(self, *args, **kwargs)
-        run = self
-
-    monkeypatch.setattr(loop, "train_step", spy)
-    monkeypatch.setattr(loop._Run, "__init__", init)
+    monkeypatch.setattr(loop, "train_step", train_step)
+    monkeypatch.setattr(Optimizers, "step", step)
     cfg = TrainConfig.from_dict({**SETTINGS, "adam_eps": 1e-10, "adam_eps_units": "micro_batch_sum",
                                  "loss_units": "micro_batch_sum"})
     result = run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "u.txt",
                           env={})
     assert result.status == "complete"
-    assert [scale for scale, _ in seen] == [128.0, 128.0] + [256.0] * 6
-    assert all(eps == [1e-10] for _, eps in seen)
+    assert scales == [128.0, 128.0] + [256.0] * 6
+    assert eps == [[1e-10]] * 8

@@ -129,6 +129,16 @@ def comparison_verdict(c: Mapping[str, Any], reaches_target: bool | None, alpha:
     return "**yes**" if not reasons else "no: " + ", ".join(reasons)
 
 
+def _rules_cell(rules: Sequence[Mapping[str, Any]]) -> str:
+    """The rules column: how many are violated, else ``ok`` with how many could not be checked (``unknown``)."""
+    status = Counter(r["status"] for r in rules)
+    if status["violation"]:
+        return f"**{status['violation']} violated**"
+    if status["unknown"]:
+        return "unknown" if status["unknown"] == len(rules) else f"ok, {status['unknown']} unknown"
+    return "ok"
+
+
 def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
                        summary: Sequence[Mapping[str, Any]] = (), alpha: float = 0.01) -> list[str]:
     """Table of the candidate-vs-baseline Welch tests with the verdict (:func:`comparison_verdict`; whether
@@ -141,10 +151,7 @@ def render_comparisons(comparisons: Sequence[Mapping[str, Any]],
     for c in comparisons:
         v, t = c["val_loss"], c["train_time"]
         speedup = c.get("speedup") or {}
-        bad = sum(1 for r in c.get("rules", []) if r["status"] == "violation")
-        unknown = sum(1 for r in c.get("rules", []) if r["status"] == "unknown")
-        rules = (DASH if "rules" not in c else f"**{bad} violated**" if bad else
-                 "unknown" if unknown == len(c["rules"]) else f"ok, {unknown} unknown" if unknown else "ok")
+        rules = DASH if "rules" not in c else _rules_cell(c["rules"])
         rows.append([c["candidate"], f"{c['n_baseline']} / {c['n_candidate']}",
                      f"{_fmt(v.get('difference'))} [{_fmt(v.get('ci_low'))}, {_fmt(v.get('ci_high'))}]",
                      _fmt_p(v.get("p_value")),
@@ -206,10 +213,9 @@ def _status_cell(r: Any) -> str:
 
 def _steps_cell(r: Any) -> str:
     """A complete run's steps; where an incomplete one stopped, ``<last logged step> of <steps>``."""
-    last = getattr(r, "last_step", None)
-    if r.status == "complete" or last is None or pd.isna(last):
+    if r.status == "complete" or pd.isna(r.last_step):
         return str(r.steps)
-    return f"{int(last)} of {r.steps}"
+    return f"{int(r.last_step)} of {r.steps}"
 
 
 def runs_lines(runs: pd.DataFrame) -> list[str]:
