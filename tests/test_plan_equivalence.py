@@ -31,6 +31,8 @@ FineWeb train jobs' --config gain "muon_qk_block_heads":2; nothing else changed.
 And for the records' gradient units (``loss_units: micro_batch_sum``, their ``model(...).sum() * grad_scale``):
 the FineWeb train jobs' --config gain "loss_units":"micro_batch_sum"; nothing else changed (checked by script:
 each of the 22 changed lines equals its old self with that item added).
+And for the records' bf16 weights (``weight_dtype: bfloat16``, record #57): the FineWeb train jobs' --config gain
+"weight_dtype":"bfloat16"; nothing else changed (checked by script as above, 22 lines).
 """
 
 from __future__ import annotations

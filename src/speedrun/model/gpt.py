@@ -49,6 +49,8 @@ from speedrun.model.windows import layer_windows, per_layer, window_tokens
 
 ParamKind = Literal["embed", "head", "matrix", "scalar", "lambda", "resid_lambda", "skip_gate", "gate",
                     "smear_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"]
+# the kinds whose parameters stay fp32 under GPT.store_weights (records #57-#89 keep scalars and lambdas fp32)
+FP32_KINDS: tuple[str, ...] = ("scalar", "lambda", "resid_lambda")
 TIED_HEAD_STD = 0.005
 BACKOUT_LAMBDA_INIT = 0.5
 
@@ -215,6 +217,28 @@ class GPT(nn.Module):
         if self.attention_scale_buffer.dtype in (torch.bfloat16, torch.float16):     # a 16-bit cast model
             self.attention_scale_buffer = self.attention_scale_buffer.float()        # keeps an fp32 scale
         self._write_schedule_buffers()                           # from the float, not a cast of it
+        return self
+
+    @torch.no_grad()
+    def store_weights(self, dtype: torch.dtype) -> "GPT":
+        """Store the weights in ``dtype`` (in place; returns the model), as records #57-#89 and HEAD store
+        theirs in bf16 (speedrun-spec.md 2, "param dtypes"): every parameter of at least one dimension whose
+        kind (:meth:`parameter_kinds`) is not one of :data:`FP32_KINDS` (the block matrices, the embedding
+        tables and head, the gates, MUDD's weights and biases), and the bigram sign table (±1, exact in bf16).
+        The scalars and lambdas and every 0-dim parameter stay fp32, as in the records. In bf16 the embedding
+        lookups, and so the residual stream, are bf16, and the gradients of those weights are bf16 (they
+        accumulate in bf16 over micro-batches, as the records' do); Muon keeps the lower 16 bits of each fp32
+        weight in its state (:mod:`speedrun.optim.muon`). Call before building the optimizers. Raises
+        ``ValueError`` for a dtype that is not floating point."""
+        if not dtype.is_floating_point:
+            raise ValueError(f"store_weights: expected a floating-point dtype, got {dtype}")
+        kinds = self.parameter_kinds()
+        for name, p in self.named_parameters():
+            if p.ndim >= 1 and kinds[name] not in FP32_KINDS:
+                p.data = p.data.to(dtype)
+        bigram = getattr(self, "bigram", None)
+        if bigram is not None and getattr(bigram, "signs", None) is not None:
+            bigram.signs = bigram.signs.to(dtype)
         return self
 
     @torch.no_grad()

@@ -49,8 +49,10 @@ class CautiousAdam(PerParameterOptimizer):
     The decay (∝ η², the scheduled lr squared) applies only where the step also moves p towards zero. The
     third line is C-Optim's sign-agreement mask (record #87, 2026-06-11 RecursiveFromBest, strength 0.5 on its
     value-embedding and bigram tables): the coordinates whose step disagrees with the gradient's sign are damped,
-    the others scaled up by 1/mean(k), the mean over the whole tensor. Parameters of any shape; ``lr``, ``eps``
-    and ``coptim`` (default 0) per group. Raises ``ValueError`` on an invalid hyperparameter.
+    the others scaled up by 1/mean(k), the mean over the whole tensor. Parameters of any shape and float dtype
+    (the new p is computed in fp32 and rounded once to p's dtype: for the records' bf16 weights, as their
+    ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. Raises ``ValueError`` on an
+    invalid hyperparameter.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.008, betas: tuple[float, float] = (0.9, 0.95),
@@ -78,7 +80,9 @@ class CautiousAdam(PerParameterOptimizer):
             keep = ((update * grad) > 0).float()                  # C-Optim (record #87): agreeing coordinates
             update = update * ((1.0 - strength) + strength * keep / keep.mean().clamp_min(1e-3))
         lr, t = group["lr"], state["step"]
+        exact = torch.promote_types(p.dtype, torch.float32)      # fp32, or fp64 for fp64 parameters
+        step = update.to(exact).mul_(lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))
         if group["weight_decay"]:
-            mask = (update * p.float()) > 0                       # strictly: record #50
-            p.sub_((p * mask).mul_(lr * lr * group["weight_decay"]))
-        p.add_(update.to(p.dtype), alpha=-lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))
+            weight = p.to(exact)
+            step.addcmul_(weight, (step * weight) > 0, value=lr * lr * group["weight_decay"])   # strictly: #50
+        p.sub_(step)                       # computed in fp32, rounded once to p's dtype (bf16: as the records)

@@ -9,8 +9,9 @@ matrices of the bank, padded with zero matrices to k·W.
 
 The optimizer state of a rank's slice lives in stacked buffers (:class:`BankState`); each owned parameter's
 entry in the optimizer's per-parameter ``state`` holds views of its slot (``momentum_buffer`` (rows, cols),
-``second_moment`` (rows, 1) or (1, cols), in the working dtype: fp32, or fp64 for fp64 parameters), so
-``state_dict()`` shows the usual per-parameter state.
+``second_moment`` (rows, 1) or (1, cols), in the working dtype: fp32, or fp64 for fp64 parameters; for bf16
+parameters also ``mantissa`` (rows, cols) int16, the lower 16 bits of each fp32 weight, record #57,
+:mod:`speedrun.optim.precision`), so ``state_dict()`` shows the usual per-parameter state.
 Should those entries stop being views of the buffers (``load_state_dict``, an edit by hand, a change of bank
 membership), the next step stacks them into fresh buffers.
 """
@@ -92,13 +93,16 @@ def write_back(params: Sequence[torch.Tensor], stacked: torch.Tensor) -> None:
 class BankState:
     """Muon's state of one rank's slice of a bank: ``momentum`` (k, rows, cols) and NorMuon's
     ``second_moment`` (k, rows, 1) or (k, 1, cols), or (k, blocks, ...) of the blocks of a group with
-    ``block_rows`` (None for plain Muon), in the working dtype, and the
-    per-slot views that the owned parameters' state entries hold."""
+    ``block_rows`` (None for plain Muon), in the working dtype; for bf16 parameters ``mantissa`` (k, rows,
+    cols) int16, the lower 16 bits of their fp32 values (None otherwise); and the per-slot views that the owned
+    parameters' state entries hold."""
 
     momentum: torch.Tensor
     second_moment: torch.Tensor | None
     momentum_views: list[torch.Tensor]
     second_moment_views: list[torch.Tensor]
+    mantissa: torch.Tensor | None = None
+    mantissa_views: list[torch.Tensor] | None = None
 
     def is_bound(self, state: Mapping[torch.Tensor, dict], owned: Sequence[torch.Tensor],
                  normuon: bool) -> bool:
@@ -112,24 +116,32 @@ class BankState:
                 return False
             if normuon and entry.get("second_moment") is not self.second_moment_views[j]:
                 return False
+            if self.mantissa_views is not None and entry.get("mantissa") is not self.mantissa_views[j]:
+                return False
         return True
 
 
 def bind_bank_state(state: dict, owned: Sequence[torch.Tensor], slots: int, shape: tuple[int, int],
                     second_moment_shape: tuple[int, ...] | None, dtype: torch.dtype,
-                    device: torch.device) -> BankState:
+                    device: torch.device, mantissa: bool = False) -> BankState:
     """Fresh zero ``dtype`` buffers for ``slots`` matrices of ``shape`` (a second moment of ``second_moment_shape``
-    per matrix unless None), filled from the owned parameters' existing per-parameter state, whose entries
-    then become views of their slots. ``owned`` are the parameters of the first ``len(owned)`` slots."""
+    per matrix unless None; with ``mantissa``, an int16 buffer of the weights' lower 16 bits), filled from the
+    owned parameters' existing per-parameter state, whose entries then become views of their slots. ``owned``
+    are the parameters of the first ``len(owned)`` slots (a weight without a ``mantissa`` entry starts with
+    zero lower bits: its fp32 value is its bf16 value)."""
     momentum = torch.zeros((slots, *shape), dtype=dtype, device=device)
     second = (torch.zeros((slots, *second_moment_shape), dtype=dtype, device=device)
               if second_moment_shape is not None else None)
+    low = torch.zeros((slots, *shape), dtype=torch.int16, device=device) if mantissa else None
     bound = BankState(momentum, second, list(momentum.unbind(0)),
-                      list(second.unbind(0)) if second is not None else [])
+                      list(second.unbind(0)) if second is not None else [],
+                      low, list(low.unbind(0)) if low is not None else None)
     for j, p in enumerate(owned):
         _adopt(state[p], "momentum_buffer", bound.momentum_views[j])
         if second is not None:
             _adopt(state[p], "second_moment", bound.second_moment_views[j])
+        if low is not None:
+            _adopt(state[p], "mantissa", bound.mantissa_views[j])
     return bound
 
 

@@ -35,6 +35,7 @@ import torch
 from speedrun.optim.banks import Bank, BankState, bind_bank_state, make_banks, stack_padded, write_back
 from speedrun.optim.langevin import add_langevin_noise, matrix_seed, standard_normal
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS, Orthogonalizer, orthogonalize
+from speedrun.optim.precision import join_bf16, split_fp32_
 from speedrun.optim.sharding import Communicator, Pending, distributed_world, shard_bounds
 
 NORMUON_EPS = 1e-10
@@ -159,7 +160,9 @@ class Muon(torch.optim.Optimizer):
 
     State per parameter (in :func:`working_dtype`, views into the bank buffers): ``momentum_buffer`` (rows,
     cols) and, with NorMuon, ``second_moment`` ((rows, 1) or (1, cols); with ``block_rows`` b, (rows/b, b, 1)
-    or (rows/b, 1, cols)); sharded, only for the parameters of this rank's slices.
+    or (rows/b, 1, cols)); for bf16 parameters ``mantissa`` (rows, cols) int16, the lower 16 bits of the fp32
+    weight that the update applies to, whose upper half (truncated towards zero) the parameter holds (records
+    #57-#89, :mod:`speedrun.optim.precision`); sharded, only for the parameters of this rank's slices.
     Each group counts its updates in ``group["update_count"]`` (the noise seeds use it). Raises
     ``ValueError`` on a parameter that is not 2-D or an invalid hyperparameter.
     """
@@ -272,8 +275,14 @@ class Muon(torch.optim.Optimizer):
                      for j in range(slots)]
             noise = standard_normal(bank.shape, seeds, grad.dtype, first.device)
             update = add_langevin_noise(update, group["langevin_sigma"], row_blocks(noise, block_rows))
-        apply_update(row_blocks(params, block_rows), update, group["lr"], group["weight_decay"],
+        if state.mantissa is None:
+            apply_update(row_blocks(params, block_rows), update, group["lr"], group["weight_decay"],
+                         group["cautious_weight_decay"])
+            return params
+        precise = join_bf16(params, state.mantissa)              # bf16 weights: updated as fp32 (record #57)
+        apply_update(row_blocks(precise, block_rows), update, group["lr"], group["weight_decay"],
                      group["cautious_weight_decay"])
+        split_fp32_(precise, params, state.mantissa)             # forward weight: truncated to bf16
         return params
 
     def _bank_state(self, bank: Bank, owned: tuple[torch.Tensor, ...], start: int, slots: int,
@@ -290,7 +299,8 @@ class Muon(torch.optim.Optimizer):
             if block_rows < rows:                                 # (blocks, b, 1) or (blocks, 1, cols)
                 reduced = (rows // block_rows, *reduced)
             cached = bind_bank_state(self.state, owned, slots, bank.shape, reduced if normuon else None,
-                                     working_dtype(first.dtype), first.device)
+                                     working_dtype(first.dtype), first.device,
+                                     mantissa=first.dtype == torch.bfloat16)
             members = {id(p) for p in bank.params}
             self._bank_states = {k: v for k, v in self._bank_states.items()
                                  if not members & set(k[0][1:])}

@@ -32,6 +32,7 @@ from speedrun.optim.stages import StagedSchedule, record_schedule
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
+WeightDtype = Literal["float32", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 WindowStageSpan = Literal["steps", "steps_plus_one"]
 
@@ -102,6 +103,15 @@ class ComputeSettings:
     """Autocast dtype of the matrix products (``float32`` disables autocast); ``auto`` is ``bfloat16`` on CUDA
     and ``float32`` on a CPU (:func:`resolve_dtype`), resolved once the device is (:meth:`TrainConfig.
     resolved_for`)."""
+    weight_dtype: WeightDtype = "float32"
+    """Storage dtype of the weights (:meth:`speedrun.model.gpt.GPT.store_weights`): ``float32``, or ``bfloat16``
+    as records #57-#89 and HEAD store theirs (the matrices, embedding tables, head, gates and MUDD weights in
+    bf16, the scalars and lambdas fp32; the residual stream and those weights' gradients then bf16; Muon
+    updates the fp32 weight kept as bf16 plus its lower 16 bits, :mod:`speedrun.optim.precision`; Adam rounds
+    each new weight once to bf16). ``bfloat16`` needs the matrix products in bf16: with ``dtype: auto`` on a
+    CPU, where they run in fp32, the weights stay fp32 (:meth:`TrainConfig.resolved_for`), and with ``dtype:
+    float32`` it is refused; Adam must then be :class:`speedrun.optim.adam.CautiousAdam`
+    (``cautious_weight_decay: true``: torch's AdamW would keep its moments in bf16)."""
     compile: bool = False
     """``torch.compile`` the model: one static-shape graph per batch shape and window setting, all compiled in
     the untimed warm-up."""
@@ -234,6 +244,7 @@ class TrainConfig:
         _check_choice("train_batches", self.train_batches, TRAIN_BATCHES)
         _check_choice("device", self.compute.device, get_args(DeviceChoice))
         _check_choice("dtype", self.compute.dtype, get_args(ComputeDtype))
+        self._check_weight_dtype()
         _check_choice("compile_mode", self.compute.compile_mode, get_args(CompileMode))
         _check_choice("orthogonalizer", self.optimizer.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("muon_momentum_form", self.optimizer.muon_momentum_form, MOMENTUM_FORMS)
@@ -266,6 +277,20 @@ class TrainConfig:
             raise SpeedrunError(f"train.model.attention_backend {backend!r} trains on CUDA only (it has no CPU "
                                 f"kernel with a backward), and train.device is 'cpu': set train.device: cuda, or "
                                 f"train.model: {{attention_backend: sdpa_docs}} (or auto) on a CPU")
+
+    def _check_weight_dtype(self) -> None:
+        """``weight_dtype`` is a :data:`WeightDtype`; ``bfloat16`` needs bf16 matrix products (not ``dtype:
+        float32``) and CautiousAdam (``cautious_weight_decay``), whose moments are fp32 for any weight."""
+        _check_choice("weight_dtype", self.compute.weight_dtype, get_args(WeightDtype))
+        if self.compute.weight_dtype != "bfloat16":
+            return
+        if self.compute.dtype == "float32":
+            raise SpeedrunError("train.weight_dtype bfloat16 needs the matrix products in bf16, and train.dtype is "
+                                "float32: set train.dtype: bfloat16 (or auto), or train.weight_dtype: float32")
+        if not self.optimizer.cautious_weight_decay:
+            raise SpeedrunError("train.weight_dtype bfloat16 needs train.cautious_weight_decay: true (Adam is then "
+                                "CautiousAdam, with fp32 moments; torch's AdamW would keep them in bf16), or "
+                                "train.weight_dtype: float32")
 
     def _check_adam_kind_betas(self) -> None:
         """``adam_kind_betas`` maps Adam kinds (:data:`ALL_ADAM_KINDS`) to [beta1, beta2] pairs and
@@ -470,12 +495,14 @@ class TrainConfig:
 
     def resolved_for(self, device: Any) -> "TrainConfig":
         """This config with ``dtype`` resolved for ``device`` (a ``torch.device`` or its type, ``"cpu"`` or
-        ``"cuda"``; :func:`resolve_dtype`), and ``model.attention_backend: auto`` resolved to the backend
+        ``"cuda"``; :func:`resolve_dtype`; ``weight_dtype`` float32 where that is float32), and ``model.attention_backend: auto`` resolved to the backend
         that runs there (:func:`speedrun.model.attention.resolve_backend`): what a run on it computes in and
         with, and what its log's ``config`` header shows. Call it once the device is resolved (``device:
         auto``)."""
         device_type = device if isinstance(device, str) else device.type
-        compute = dataclasses.replace(self.compute, dtype=resolve_dtype(self.compute.dtype, device_type))
+        dtype = resolve_dtype(self.compute.dtype, device_type)
+        weights = self.compute.weight_dtype if dtype == "bfloat16" else "float32"     # auto on a CPU: fp32
+        compute = dataclasses.replace(self.compute, dtype=dtype, weight_dtype=weights)
         resolved = dataclasses.replace(self, compute=compute)
         backend = self._preset_model().attention_backend
         if backend != "auto":

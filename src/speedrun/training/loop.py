@@ -245,6 +245,8 @@ class _Run:
         with phases.timed("model"):
             torch.manual_seed(seed)
             self.model = GPT(config.model_config()).to(device)
+            if config.compute.weight_dtype == "bfloat16":         # records #57-#89: bf16 weights, fp32 scalars
+                self.model.store_weights(torch.bfloat16)
             if launch.world_size > 1:
                 for p in self.model.parameters():
                     dist.broadcast(p.data, src=0)
