@@ -20,6 +20,7 @@ from speedrun.optim.groups import Optimizers
 from speedrun.optim.muon import Muon
 from speedrun.optim.precision import join_bf16, split_fp32_
 from speedrun.training.config import TrainConfig
+from speedrun.training import loop
 from speedrun.training.loop import run_training
 
 from synthetic_data import counting_documents, write_dataset
@@ -179,6 +180,25 @@ def test_weight_dtype_checks_name_the_settings():
     assert auto.resolved_for("cpu").compute.weight_dtype == "float32"       # auto on a CPU computes in fp32
     assert auto.resolved_for("cuda").compute.weight_dtype == "bfloat16"
     assert TrainConfig.from_dict(BF16_SETTINGS).resolved_for("cpu").compute.weight_dtype == "bfloat16"
+
+
+def test_the_loops_all_reduce_sends_each_dtype_in_its_own_dtype(monkeypatch):
+    """Two ranks (simulated: the all-reduce doubles, as the sum of two equal ranks): the bf16 gradients go in one
+    bf16 all-reduce, the fp32 ones and the loss in one fp32 all-reduce, and every tensor comes back averaged."""
+    calls = []
+
+    def all_reduce(flat, op):
+        calls.append((flat.dtype, flat.numel()))
+        flat.mul_(2)
+
+    monkeypatch.setattr(loop.dist, "all_reduce", all_reduce)
+    tensors = [torch.full((3, 2), 1.5, dtype=torch.bfloat16), torch.full((4,), 0.25), torch.tensor([3.0]),
+               torch.full((5,), -2.0, dtype=torch.bfloat16)]
+    expected = [t.clone() for t in tensors]
+    loop._all_reduce_mean(tensors, 2)
+    assert calls == [(torch.bfloat16, 11), (torch.float32, 5)]
+    for got, want in zip(tensors, expected):
+        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 @pytest.fixture(scope="module")

@@ -101,16 +101,21 @@ def _now() -> float:
 
 
 def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
-    """Average ``tensors`` in place over all ranks, in one flat all-reduce."""
+    """Average ``tensors`` in place over all ranks: one flat all-reduce per dtype, in that dtype (bf16 for the
+    gradients of bf16 weights, as the records reduce theirs; fp32 for the rest)."""
     if world_size == 1 or not tensors:
         return
-    flat = torch.cat([t.reshape(-1).float() for t in tensors])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat /= world_size
-    offset = 0
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= world_size
+        offset = 0
+        for t in group:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
 
 
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
