@@ -164,6 +164,22 @@ def test_store_weights_keeps_the_scalars_and_lambdas_fp32(preset):
     assert any(d == torch.float32 for d in dtypes.values())
 
 
+@pytest.mark.parametrize("preset", ["record87", "record89"])
+def test_fp8_weight_caches_of_bf16_weights_hold_copies_and_add_no_parameter(preset):
+    """The FP8 caches keep a bf16 copy of each weight for the backward (``w_back``); of a bf16 weight, ``.to``
+    would return the weight itself (a Parameter: set as the buffer, it became a parameter of the cache): the
+    caches must neither alias the weights nor turn into parameters."""
+    extra = {"fp8_attention_scales": "unit"} if preset == "record87" else {}
+    model = GPT(tiny(preset, fp8_mlp=True, fp8_head=True, fp8_attention=True, **extra)).store_weights(torch.bfloat16)
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    model.use_fp8_weight_cache(True)
+    model.quantize_fp8_weights()
+    assert [name for name, _ in model.named_parameters(remove_duplicate=False)] == names
+    weights = {p.data_ptr() for p in model.parameters()}
+    filled = [b for name, b in model.named_buffers() if name.endswith("w_back") and b.numel()]
+    assert filled and not any(b.data_ptr() in weights for b in filled)
+
+
 def test_store_weights_refuses_an_integer_dtype():
     with pytest.raises(ValueError, match="floating-point"):
         GPT(tiny("record89")).store_weights(torch.int16)

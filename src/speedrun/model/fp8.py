@@ -147,7 +147,8 @@ class FP8WeightCache(nn.Module):
         """Quantize ``weight`` (N, K) float into the buffers: in place when their shape, dtype and device
         already fit, else as new buffers (the first fill, or after ``.to()`` casts)."""
         w8, w_scale = quantize(weight, self.scales.weight)
-        back = transposed(w8) if self.scales.backward else weight.to(torch.bfloat16)     # (K, N) | (N, K)
+        back = (transposed(w8) if self.scales.backward                  # (K, N) e4m3, or (N, K) bf16: a copy,
+                else weight.detach().to(torch.bfloat16, copy=True))      # also of a bf16 weight (not the weight)
         for name, value in (("w8", w8), ("w_scale", w_scale), ("w_back", back)):
             buffer = getattr(self, name)
             if (buffer.shape, buffer.dtype, buffer.device) == (value.shape, value.dtype, value.device):

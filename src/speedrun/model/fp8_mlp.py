@@ -81,7 +81,8 @@ class DelayedFP8WeightCache(FP8WeightCache):
         """Quantize ``weight`` (N, K) float into the buffers with the delayed scale (see the class)."""
         amax = weight.detach().abs().amax().float().clamp_min(_MIN_AMAX)
         scale = amax / E4M3_MAX if self.bootstrapping else self.next_scale.clone()
-        values = {"w8": quantize_with_scale(weight, scale), "w_scale": scale, "w_back": weight.to(torch.bfloat16),
+        values = {"w8": quantize_with_scale(weight, scale), "w_scale": scale,
+                  "w_back": weight.detach().to(torch.bfloat16, copy=True),       # a copy, also of a bf16 weight
                   "next_scale": amax * (self.headroom / E4M3_MAX)}
         for name, value in values.items():
             buffer = getattr(self, name)
