@@ -42,7 +42,10 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
     """Median ms per optimizer step, train tokens/s and validation tokens/s of ``config`` on the CPU."""
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
+    config = config.resolved_for("cpu")                  # dtype auto: fp32 here, and the weights with it
     model = GPT(config.model_config())
+    if config.compute.weight_dtype == "bfloat16":
+        model.store_weights(torch.bfloat16)
     optimizers = build_optimizers(model, model.parameter_kinds(), config.optimizer)
     device = torch.device("cpu")
     bf16 = config.compute.dtype == "bfloat16"
