@@ -249,7 +249,9 @@ class _Run:
         self.config, self.device, self.launch, self.log, self.phases = config, device, launch, log, phases
         with phases.timed("model"):
             torch.manual_seed(seed)
-            self.model = GPT(config.model_config()).to(device)
+            with torch.device(device):                       # initialized where it trains: on a GPU, not ~10 s
+                self.model = GPT(config.model_config())      # of host init and copy (record88 preset, issue 21)
+            self.model.to(device)                             # (the few tables built on the CPU on purpose)
             if config.compute.weight_dtype == "bfloat16":         # records #57-#89: bf16 weights, fp32 scalars
                 self.model.store_weights(torch.bfloat16)
             if launch.world_size > 1:
