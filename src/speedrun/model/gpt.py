@@ -222,7 +222,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def store_weights(self, dtype: torch.dtype) -> "GPT":
         """Store the weights in ``dtype`` (in place; returns the model), as records #57-#89 and HEAD store
-        theirs in bf16 (speedrun-spec.md 2, "param dtypes"): every parameter of at least one dimension whose
+        theirs in bf16 (speedrun-spec.md 2.1, "param dtypes"): every parameter of at least one dimension whose
         kind (:meth:`parameter_kinds`) is not one of :data:`FP32_KINDS` (the block matrices, the embedding
         tables and head, the gates, MUDD's weights and biases), and the bigram sign table (±1, exact in bf16).
         The scalars and lambdas and every 0-dim parameter stay fp32, as in the records. In bf16 the embedding

@@ -495,10 +495,10 @@ class TrainConfig:
 
     def resolved_for(self, device: Any) -> "TrainConfig":
         """This config with ``dtype`` resolved for ``device`` (a ``torch.device`` or its type, ``"cpu"`` or
-        ``"cuda"``; :func:`resolve_dtype`; ``weight_dtype`` float32 where that is float32), and ``model.attention_backend: auto`` resolved to the backend
-        that runs there (:func:`speedrun.model.attention.resolve_backend`): what a run on it computes in and
-        with, and what its log's ``config`` header shows. Call it once the device is resolved (``device:
-        auto``)."""
+        ``"cuda"``; :func:`resolve_dtype`; ``weight_dtype`` float32 where that is float32), and
+        ``model.attention_backend: auto`` resolved to the backend that runs there
+        (:func:`speedrun.model.attention.resolve_backend`): what a run on it computes in and with, and what its
+        log's ``config`` header shows. Call it once the device is resolved (``device: auto``)."""
         device_type = device if isinstance(device, str) else device.type
         dtype = resolve_dtype(self.compute.dtype, device_type)
         weights = self.compute.weight_dtype if dtype == "bfloat16" else "float32"     # auto on a CPU: fp32
