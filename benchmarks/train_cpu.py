@@ -24,7 +24,7 @@ from speedrun.data.loader import MicroBatch, to_torch
 from speedrun.model.gpt import GPT
 from speedrun.optim.groups import build_optimizers
 from speedrun.training.config import TrainConfig
-from speedrun.training.loop import evaluate, train_step
+from speedrun.training.loop import evaluate, store_weights, train_step
 
 
 def synthetic_micro_batch(tokens: int, rng: np.random.Generator) -> MicroBatch:
@@ -44,8 +44,7 @@ def bench(config: TrainConfig, steps: int, warmup: int, val_batches: int) -> dic
     torch.manual_seed(0)
     config = config.resolved_for("cpu")                  # dtype auto: fp32 here, and the weights with it
     model = GPT(config.model_config())
-    if config.compute.weight_dtype == "bfloat16":
-        model.store_weights(torch.bfloat16)
+    store_weights(model, config.compute.weight_dtype)
     optimizers = build_optimizers(model, model.parameter_kinds(), config.optimizer)
     device = torch.device("cpu")
     bf16 = config.compute.dtype == "bfloat16"

@@ -21,7 +21,7 @@ Dh head_dim, V vocab_size.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from typing import Collection, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -220,21 +220,24 @@ class GPT(nn.Module):
         return self
 
     @torch.no_grad()
-    def store_weights(self, dtype: torch.dtype) -> "GPT":
+    def store_weights(self, dtype: torch.dtype, kinds: Collection[str] | None = None) -> "GPT":
         """Store the weights in ``dtype`` (in place; returns the model), as records #57-#89 and HEAD store
         theirs in bf16 (speedrun-spec.md 2.1, "param dtypes"): every parameter of at least one dimension whose
         kind (:meth:`parameter_kinds`) is not one of :data:`FP32_KINDS` (the block matrices, the embedding
         tables and head, the gates, MUDD's weights and biases), and the bigram sign table (±1, exact in bf16).
-        The scalars and lambdas and every 0-dim parameter stay fp32, as in the records. In bf16 the embedding
+        The scalars and lambdas and every 0-dim parameter stay fp32, as in the records. ``kinds``: only the
+        parameters of these kinds instead (``("embed",)``: the embedding tables, as records #12 and #31 store
+        them in bf16, the token embedding among them unless it is tied to the head). In bf16 the embedding
         lookups, and so the residual stream, are bf16, and the gradients of those weights are bf16 (they
         accumulate in bf16 over micro-batches, as the records' do); Muon keeps the lower 16 bits of each fp32
         weight in its state (:mod:`speedrun.optim.muon`). Call before building the optimizers. Raises
         ``ValueError`` for a dtype that is not floating point."""
         if not dtype.is_floating_point:
             raise ValueError(f"store_weights: expected a floating-point dtype, got {dtype}")
-        kinds = self.parameter_kinds()
+        of_kind = self.parameter_kinds()
         for name, p in self.named_parameters():
-            if p.ndim >= 1 and kinds[name] not in FP32_KINDS:
+            chosen = of_kind[name] not in FP32_KINDS if kinds is None else of_kind[name] in kinds
+            if p.ndim >= 1 and chosen:
                 p.data = p.data.to(dtype)
         bigram = getattr(self, "bigram", None)
         if bigram is not None and getattr(bigram, "signs", None) is not None:

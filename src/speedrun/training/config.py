@@ -32,7 +32,7 @@ from speedrun.optim.stages import StagedSchedule, record_schedule
 
 DeviceChoice = Literal["cpu", "cuda", "auto"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
-WeightDtype = Literal["float32", "bfloat16"]
+WeightDtype = Literal["float32", "bfloat16", "bfloat16_embeddings"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 WindowStageSpan = Literal["steps", "steps_plus_one"]
 
@@ -104,14 +104,16 @@ class ComputeSettings:
     and ``float32`` on a CPU (:func:`resolve_dtype`), resolved once the device is (:meth:`TrainConfig.
     resolved_for`)."""
     weight_dtype: WeightDtype = "float32"
-    """Storage dtype of the weights (:meth:`speedrun.model.gpt.GPT.store_weights`): ``float32``, or ``bfloat16``
+    """Storage dtype of the weights (:meth:`speedrun.model.gpt.GPT.store_weights`): ``float32``; ``bfloat16``
     as records #57-#89 and HEAD store theirs (the matrices, embedding tables, head, gates and MUDD weights in
     bf16, the scalars and lambdas fp32; the residual stream and those weights' gradients then bf16; Muon
     updates the fp32 weight kept as bf16 plus its lower 16 bits, :mod:`speedrun.optim.precision`; Adam rounds
-    each new weight once to bf16). ``bfloat16`` needs the matrix products in bf16: with ``dtype: auto`` on a
-    CPU, where they run in fp32, the weights stay fp32 (:meth:`TrainConfig.resolved_for`), and with ``dtype:
-    float32`` it is refused; Adam must then be :class:`speedrun.optim.adam.CautiousAdam`
-    (``cautious_weight_decay: true``: torch's AdamW would keep its moments in bf16)."""
+    each new weight once to bf16); or ``bfloat16_embeddings``, the embedding tables only (kind ``embed``), as
+    records #12 and #31 (the residual stream bf16 too). Either bf16 setting needs the matrix products in bf16:
+    with ``dtype: auto`` on a CPU, where they run in fp32, the weights stay fp32 (:meth:`TrainConfig.
+    resolved_for`), and with ``dtype: float32`` it is refused. Adam's moments are fp32 in
+    :class:`speedrun.optim.adam.CautiousAdam` (``cautious_weight_decay``, records #50-#89) and in the weights'
+    dtype in torch's AdamW, as in the records' own Adams before #50."""
     compile: bool = False
     """``torch.compile`` the model: one static-shape graph per batch shape and window setting, all compiled in
     the untimed warm-up."""
@@ -279,18 +281,13 @@ class TrainConfig:
                                 f"train.model: {{attention_backend: sdpa_docs}} (or auto) on a CPU")
 
     def _check_weight_dtype(self) -> None:
-        """``weight_dtype`` is a :data:`WeightDtype`; ``bfloat16`` needs bf16 matrix products (not ``dtype:
-        float32``) and CautiousAdam (``cautious_weight_decay``), whose moments are fp32 for any weight."""
-        _check_choice("weight_dtype", self.compute.weight_dtype, get_args(WeightDtype))
-        if self.compute.weight_dtype != "bfloat16":
-            return
-        if self.compute.dtype == "float32":
-            raise SpeedrunError("train.weight_dtype bfloat16 needs the matrix products in bf16, and train.dtype is "
-                                "float32: set train.dtype: bfloat16 (or auto), or train.weight_dtype: float32")
-        if not self.optimizer.cautious_weight_decay:
-            raise SpeedrunError("train.weight_dtype bfloat16 needs train.cautious_weight_decay: true (Adam is then "
-                                "CautiousAdam, with fp32 moments; torch's AdamW would keep them in bf16), or "
-                                "train.weight_dtype: float32")
+        """``weight_dtype`` is a :data:`WeightDtype`; a bf16 one needs bf16 matrix products (not ``dtype:
+        float32``)."""
+        weights = self.compute.weight_dtype
+        _check_choice("weight_dtype", weights, get_args(WeightDtype))
+        if weights != "float32" and self.compute.dtype == "float32":
+            raise SpeedrunError(f"train.weight_dtype {weights} needs the matrix products in bf16, and train.dtype "
+                                f"is float32: set train.dtype: bfloat16 (or auto), or train.weight_dtype: float32")
 
     def _check_adam_kind_betas(self) -> None:
         """``adam_kind_betas`` maps Adam kinds (:data:`ALL_ADAM_KINDS`) to [beta1, beta2] pairs and

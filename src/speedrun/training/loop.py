@@ -118,6 +118,16 @@ def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
             offset += t.numel()
 
 
+def store_weights(model: GPT, weight_dtype: str) -> None:
+    """Store ``model``'s weights as ``TrainConfig``'s ``weight_dtype`` says: ``bfloat16``, all but the scalars
+    and lambdas (records #57-#89); ``bfloat16_embeddings``, the embedding tables (records #12, #31); ``float32``
+    nothing to do (:meth:`speedrun.model.gpt.GPT.store_weights`)."""
+    if weight_dtype == "bfloat16":
+        model.store_weights(torch.bfloat16)
+    elif weight_dtype == "bfloat16_embeddings":
+        model.store_weights(torch.bfloat16, kinds=("embed",))
+
+
 def train_step(forward: Callable[..., torch.Tensor], model: GPT, micro_batches: list[Batch],
                device: torch.device, autocast: Callable[[], Any], world_size: int, max_seq_len: int,
                self_reduced: frozenset[int] = frozenset(),
@@ -252,8 +262,7 @@ class _Run:
             with torch.device(device):                       # initialized where it trains: on a GPU, not ~10 s
                 self.model = GPT(config.model_config())      # of host init and copy (record88 preset, issue 21)
             self.model.to(device)                             # (the few tables built on the CPU on purpose)
-            if config.compute.weight_dtype == "bfloat16":         # records #57-#89: bf16 weights, fp32 scalars
-                self.model.store_weights(torch.bfloat16)
+            store_weights(self.model, config.compute.weight_dtype)
             if launch.world_size > 1:
                 for p in self.model.parameters():
                     dist.broadcast(p.data, src=0)
