@@ -70,6 +70,31 @@ def test_muon_cautious_weight_decay_by_hand():
     torch.testing.assert_close(p.detach(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=1e-7)
 
 
+def test_muon_cautious_decay_leaves_the_groups_lr_factor_out_of_its_first_lr():
+    """The records' decay of a matrix with an lr factor (record #88's c_proj: step lr_mul·2·lr, decay
+    wd·lr · lr_mul·2·lr, L892-895): a group at lr 0.4 = 4 x 0.1 (``lr_mul`` 4, our mlp_proj_lr_mul) decays the
+    agreeing weight by 0.1·2·0.4, not 0.4·2·0.4; the step is 0.4·m either way."""
+    p = nn.Parameter(torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64))
+    p.grad = torch.eye(2, dtype=torch.float64)
+    Muon([{"params": [p], "lr": 0.4, "lr_mul": 4.0}], momentum=0.0, weight_decay=2.0,
+         cautious_weight_decay=True).step()
+    m = orthogonalize(torch.eye(2, dtype=torch.float64), dtype=torch.float64)[0, 0].item()
+    expected = [[1.0 - 0.1 * 2.0 * 0.4 * 1.0 - 0.4 * m, 0.0], [0.0, -1.0 - 0.4 * m]]
+    torch.testing.assert_close(p.detach(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=1e-7)
+
+
+def test_the_mlp_lr_factors_reach_muon_as_lr_mul():
+    from speedrun.model.config import build_model_config
+    from speedrun.model.gpt import GPT
+
+    model = GPT(build_model_config("tiny", {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16,
+                                            "vocab_size": 64}))
+    config = OptimConfig(muon_lr=0.023, mlp_proj_lr_mul=4.0, mlp_fc_lr_mul=0.5)
+    muon = [o for o in build_optimizers(model, model.parameter_kinds(), config).optimizers if isinstance(o, Muon)][0]
+    assert sorted((g["lr_mul"], round(g["lr"], 6)) for g in muon.param_groups) == [
+        (0.5, 0.0115), (1.0, 0.023), (4.0, 0.092)]
+
+
 def test_normuon_step_equalizes_rows_and_keeps_the_orthogonalized_norm():
     g = torch.Generator().manual_seed(1)
     grad = torch.randn(8, 4, generator=g, dtype=torch.float64)

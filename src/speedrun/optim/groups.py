@@ -165,7 +165,8 @@ def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: Op
     ``attention_qk``) at ``muon_lr`` in blocks of h heads' rows (the group's ``block_rows`` h·head_dim, the
     model's ``config.head_dim``; records #80-#89: head pairs). These are group lrs: Muon multiplies each
     matrix's (block's) step by its shape factor max(1, rows/cols)**0.5 on top
-    (:func:`speedrun.optim.muon.muon_lr_multiplier`). Empty groups are left out. Raises ``ValueError`` when a
+    (:func:`speedrun.optim.muon.muon_lr_multiplier`); each group keeps its factor as ``lr_mul``, which the
+    cautious weight decay leaves out of its first lr, as the records do (:func:`speedrun.optim.muon.apply_update`). Empty groups are left out. Raises ``ValueError`` when a
     factor or the blocks apply and a parameter of its role is not among ``matrices``."""
     names = {id(p): n for n, p in model.named_parameters()}
     special: list[tuple[list[nn.Parameter], float, int | None]] = []
@@ -185,7 +186,7 @@ def muon_param_groups(model: nn.Module, matrices: list[nn.Parameter], config: Op
         special.append((chosen, mul, block_rows))
     taken = {id(p) for ps, _, _ in special for p in ps}
     groups = [([p for p in matrices if id(p) not in taken], 1.0, None)] + special
-    return [dict(params=ps, lr=config.muon_lr * mul, initial_lr=config.muon_lr * mul, kind="matrix",
+    return [dict(params=ps, lr=config.muon_lr * mul, initial_lr=config.muon_lr * mul, kind="matrix", lr_mul=mul,
                  **({"block_rows": rows} if rows is not None else {}))
             for ps, mul, rows in groups if ps]
 

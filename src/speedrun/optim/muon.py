@@ -115,15 +115,17 @@ def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
-                 cautious: bool) -> None:
+                 cautious: bool, decay_lr: float | None = None) -> None:
     """In place on ``param`` (..., rows, cols), any float dtype, with the ``update`` of its shape in the
     working dtype (:func:`working_dtype`):
     weight decay (cautious, record #43, or decoupled) and the step ``-lr·μ·update``, μ from
-    :func:`muon_lr_multiplier`."""
+    :func:`muon_lr_multiplier`. The cautious decay is ``decay_lr·λ·lr·μ`` times the masked weight, with
+    ``decay_lr`` the scheduled lr without the group's lr factor (records #43-#89: their ``eff_wd = wd·lr``
+    against the step's ``lr_mul·per_matrix_lr_mul·lr``; record #88 L892-895); None: ``lr``."""
     lr_eff = lr * muon_lr_multiplier(param.shape)
     if weight_decay and cautious:
         mask = cautious_mask(update, param.to(update.dtype))
-        param.sub_((param * mask).mul_(lr * weight_decay * lr_eff))
+        param.sub_((param * mask).mul_((lr if decay_lr is None else decay_lr) * weight_decay * lr_eff))
     elif weight_decay:
         param.mul_(1.0 - lr * weight_decay)
     param.add_(update.to(param.dtype), alpha=-lr_eff)
@@ -281,13 +283,13 @@ class Muon(torch.optim.Optimizer):
                      for j in range(slots)]
             noise = standard_normal(bank.shape, seeds, grad.dtype, first.device)
             update = add_langevin_noise(update, group["langevin_sigma"], row_blocks(noise, block_rows))
+        settings = (group["lr"], group["weight_decay"], group["cautious_weight_decay"],
+                    group["lr"] / group.get("lr_mul", 1.0))
         if state.mantissa is None:
-            apply_update(row_blocks(params, block_rows), update, group["lr"], group["weight_decay"],
-                         group["cautious_weight_decay"])
+            apply_update(row_blocks(params, block_rows), update, *settings)
             return params
         precise = join_bf16(params, state.mantissa)              # bf16 weights: updated as fp32 (record #57)
-        apply_update(row_blocks(precise, block_rows), update, group["lr"], group["weight_decay"],
-                     group["cautious_weight_decay"])
+        apply_update(row_blocks(precise, block_rows), update, *settings)
         split_fp32_(precise, params, state.mantissa)             # forward weight: truncated to bf16
         return params
 
