@@ -8,8 +8,8 @@ of q and k (from a random upstream gradient) must stay below ``5·u``, u the uni
 correct code stays near u/2 (interpreter, fp16: 2.1-2.3e-4 = 0.43-0.47u; fp32: 6.3-9.4e-8 = 1.1-1.6u, where the
 fp32 arithmetic itself is the error); a wrong pair, sign, mask, stride or norm term gives errors of 3e-2 or more.
 
-The reference uses the norm's eps of the tested dtype (``torch.finfo(dtype).eps``, the kernel's and
-``F.rms_norm``'s default), not float64's.
+The reference uses the norm's eps of the tested dtype as ``F.rms_norm`` takes it, the machine epsilon of the
+dtype it computes in (fp32 for fp16 and bf16 input: the kernel's ``norm_eps``), not float64's.
 
 Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, triton >= 3.7 with NumPy 2.4)
 in a child process that this file starts (running itself as a script): Triton reads the variable when a
@@ -84,7 +84,7 @@ def random_inputs(T: int, H: int, Dh: int, mode: str, R: int, layout: str, dtype
 def float64_reference(inputs: dict) -> dict[str, torch.Tensor]:
     """apply_rotary(rms_norm(x, eps of x's dtype)) for x = q, k in float64, and the gradients of
     <q_out, g_q> + <k_out, g_k> with respect to q and k, by autograd."""
-    eps = torch.finfo(inputs["q"].dtype).eps
+    eps = torch.finfo(torch.promote_types(inputs["q"].dtype, torch.float32)).eps    # F.rms_norm's, by hand
     cos, sin, mode = inputs["cos"].double(), inputs["sin"].double(), inputs["mode"]
     q, k = (inputs[n].detach().double().requires_grad_() for n in ("q", "k"))
     q_out = apply_rotary(rms_norm(q, eps), cos, sin, mode)
@@ -266,3 +266,14 @@ def test_gpu_model_with_the_triton_switch_calls_the_kernel_and_matches_torch():
 
 if __name__ == "__main__":
     _interpreter_child(Path(sys.argv[1]))
+
+
+def test_the_norms_eps_is_rms_norms_default_fp32_for_16_bit_input():
+    """A bf16 row of mean square 0.0625 normalizes to rms 1 with F.rms_norm (eps 1.19e-7), where bf16's own
+    machine epsilon (7.8e-3) would give 0.943: the kernel takes F.rms_norm's eps, as the records' norm(q)."""
+    from speedrun.kernels.qk_norm_rotary import norm_eps
+
+    x = torch.full((2, 128), 0.25, dtype=torch.bfloat16)
+    assert torch.nn.functional.rms_norm(x, (128,)).float().pow(2).mean().sqrt().item() == 1.0
+    assert norm_eps(torch.bfloat16) == norm_eps(torch.float16) == torch.finfo(torch.float32).eps
+    assert norm_eps(torch.float64) == torch.finfo(torch.float64).eps

@@ -9,7 +9,7 @@ Shape legend: T tokens, H heads, Dh head_dim (even), R rotated pairs (Dh/2 for `
 ``"half_truncated"``: Dh/4 in the model).
 
 * Forward, for each row (t, h) of q and of k (computed in fp32): ``n = x · r``, ``r = rsqrt(mean(x²) + eps)``
-  (eps the machine epsilon of the input dtype, ``F.rms_norm``'s default), then each pair (a, b) of n turns by
+  (eps :func:`norm_eps`: ``F.rms_norm``'s default, fp32's machine epsilon for a bf16 input), then each pair (a, b) of n turns by
   its angle: ``(a c − b s, a s + b c)``, c, s = cos, sin[t, i]. Pair i is (n[i], n[i + Dh/2]) for ``"full"``
   and (n[2i], n[2i+1]) for ``"half_truncated"``, whose pairs i ≥ R stay put. One rounding to the input dtype
   at the end (the torch path rounds twice: after the norm and after the rotation).
@@ -220,16 +220,22 @@ def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
             torch.empty(x.shape, dtype=x.dtype, device=x.device), x.size(0) * x.size(1))
 
 
+def norm_eps(dtype: torch.dtype) -> float:
+    """``F.rms_norm``'s default eps for an input of ``dtype``: the machine epsilon of the dtype it computes in,
+    fp32 for bf16 and fp16 input (1.19e-7, not bf16's 7.8e-3), as the records' ``norm(q)`` gets it."""
+    return torch.finfo(torch.promote_types(dtype, torch.float32)).eps
+
+
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
     """x itself when its last stride is 1 (the kernels' layout), else a contiguous copy."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _launch_meta(x: torch.Tensor, mode: str) -> dict:
-    """The shape constants of the kernels and the eps of x's dtype (a compile-time constant: Inductor would
-    pass a runtime float as fp64, promoting the norm to fp64)."""
+    """The shape constants of the kernels and the norm's eps (a compile-time constant: Inductor would pass a
+    runtime float as fp64, promoting the norm to fp64): :func:`norm_eps` of x's dtype."""
     _, H, Dh = x.shape
-    return {"eps": torch.finfo(x.dtype).eps, "N_HEADS": H, "HEAD_DIM": Dh,
+    return {"eps": norm_eps(x.dtype), "N_HEADS": H, "HEAD_DIM": Dh,
             "BLOCK_HALF": triton.next_power_of_2(Dh // 2), "FULL": mode == "full"}
 
 
@@ -311,7 +317,7 @@ def qk_norm_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
     (T, R) float32, no gradient (the model's rotary tables). mode: ``"full"`` (pairs (x[i], x[i + Dh/2]),
     R = Dh/2) or ``"half_truncated"`` (pairs (x[2i], x[2i+1]) for i < R <= Dh/2, the other dims unchanged).
     Returns (q_out, k_out), new contiguous (T, H, Dh) tensors in q's dtype, differentiable in q and k; the
-    backward keeps only q, k, cos and sin. eps of the norm: ``torch.finfo(q.dtype).eps`` (``F.rms_norm``).
+    backward keeps only q, k, cos and sin. eps of the norm: :func:`norm_eps` (``F.rms_norm``'s).
 
     Sources: QK-norm record #5; RoPE record #2 (Su et al. 2021, "RoFormer"); half-truncated RoPE record #17.
 
