@@ -125,10 +125,10 @@ def test_cautious_adam_rounds_each_new_bf16_weight_once():
         torch.testing.assert_close(p.detach().float(), expected, rtol=0, atol=0)
 
 
-def _fp32_activations(store: bool) -> collections.Counter:
+def _fp32_activations(store: bool, device: str = "cpu") -> collections.Counter:
     """The fp32 (T, C) tensors that a tiny record89's forward under bf16 autocast makes, by operation."""
     torch.manual_seed(0)
-    model = GPT(tiny("record89"))
+    model = GPT(tiny("record89")).to(device)
     if store:
         model.store_weights(torch.bfloat16)
     width = model.config.model_dim
@@ -142,8 +142,8 @@ def _fp32_activations(store: bool) -> collections.Counter:
                 seen[getattr(func, "__name__", str(func))] += 1
             return out
 
-    with torch.autocast("cpu", dtype=torch.bfloat16), Watch():
-        model(INPUTS, torch.roll(INPUTS, -1), CU, 64)
+    with torch.autocast(device, dtype=torch.bfloat16), Watch():
+        model(INPUTS.to(device), torch.roll(INPUTS, -1).to(device), CU.to(device), 64)
     return seen
 
 
@@ -307,3 +307,12 @@ def test_cuda_split_join_and_muon_on_bf16_weights_match_the_cpu():
         opt16.step()
     for a, b in zip(fp32, bf16):
         assert torch.equal(join_bf16(b.detach(), opt16.state[b]["mantissa"]), a.detach())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_weights_put_the_residual_stream_in_bf16():
+    """CUDA autocast runs rms_norm in fp32: speedrun.model.norm.rms_norm returns its input's dtype, so the
+    stream stays bf16 there too (x0 = norm(embedding) would otherwise start an fp32 stream)."""
+    assert sum(_fp32_activations(store=False, device="cuda").values()) > 20
+    assert _fp32_activations(store=True, device="cuda") == collections.Counter()

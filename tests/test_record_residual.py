@@ -412,3 +412,21 @@ def test_the_record_forms_compile_as_one_graph(dc_module, preset, backend):
     assert counter.frame_count == 1
     eager = randomized(tiny(preset)).float().requires_grad_(False)                     # reference backend
     torch.testing.assert_close(loss.detach(), eager(INPUTS, targets, CU), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("preset, zero", [("record88", False), ("record89", False), ("record83", False),
+                                          ("record87", False), ("gpt124m", True), ("record31", True)])
+def test_the_attention_output_starts_as_each_record_starts_it(preset, zero):
+    """Records #83-#89 and HEAD start O uniform like v (their vo_bank, record #88 L1251: std 0.5/sqrt(fan_in)),
+    older ones at zero; the MLP's output projection starts at zero in all of them."""
+    torch.manual_seed(0)
+    extra = {"fp8_attention_scales": "dynamic"} if preset == "record87" else {}
+    model = GPT(tiny(preset, **extra))
+    block = next(b for b in model.blocks if b.attn is not None and b.mlp is not None)
+    o = block.attn.o.weight
+    assert torch.count_nonzero(block.mlp.proj.weight) == 0
+    if zero:
+        assert torch.count_nonzero(o) == 0
+    else:
+        bound = 3 ** 0.5 * 0.5 / o.size(1) ** 0.5
+        assert o.abs().max().item() <= bound and o.abs().max().item() > 0.9 * bound

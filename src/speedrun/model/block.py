@@ -114,7 +114,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv_fp8 = FP8WeightCache() if fp8 and not self.fp8_unit else None
         for linear in (self.q, self.k, self.v):
             init_input_(linear.weight)
-        init_output_(self.o.weight)
+        (init_input_ if config.attention_output_init == "uniform" else init_output_)(self.o.weight)   # #83-#89
         self.gate = (AttentionGate(config.n_head)              # HEAD's MUDD gates (record #85) come with the call
                      if layer in config.attention_gate_layers and not config.mudd_gates else None)
         self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if config.value_lambdas else None

@@ -44,6 +44,7 @@ SKIP_MODES: tuple[str, ...] = get_args(SkipMode)
 RESIDUAL_FORMS: tuple[str, ...] = get_args(ResidualForm)
 XSA_FORMS: tuple[str, ...] = get_args(XsaForm)
 LinearInit = Literal["speedrun", "torch"]
+OutputInit = Literal["zero", "uniform"]
 LINEAR_INITS: tuple[str, ...] = get_args(LinearInit)
 GATE_CHANNELS = 12
 VE_GATE_CHANNELS = 6
@@ -238,6 +239,10 @@ class GPTConfig:
             init) or ``"torch"`` (``nn.Linear``'s default, uniform on ±1/sqrt(fan_in), std 1/sqrt(3·fan_in):
             record #12, whose ``CastedLinear`` keeps it). The output projections and the head start at zero
             either way. See :func:`speedrun.model.init.init_torch_linear_`.
+        attention_output_init: the attention's output projection O at ``"zero"`` (record #5's zero-init
+            projections, kept by the records up to the 2026-01-26 one's attention bank) or ``"uniform"`` like
+            q, k and v (std 0.5/sqrt(fan_in)), as records #83-#89 and HEAD start their vo_bank (record #88 L1251;
+            the MLP's output projection stays at zero there).
         window_extra_keys: keys a sliding window sees beyond its blocks: a window of b blocks spans
             ``b·window_block_size + window_extra_keys`` keys, the query's own included (0, or 1 for record #31,
             2025-09-10 YaRN: its flash-attention call's ``window_size = (b·128, 0)`` reaches back b·128
@@ -314,6 +319,7 @@ class GPTConfig:
     mlp_free_layers: tuple[int, ...] = ()
     value_residual: bool = False
     linear_init: LinearInit = "speedrun"
+    attention_output_init: OutputInit = "zero"
     window_extra_keys: int = 0
 
     def __post_init__(self) -> None:
@@ -448,6 +454,7 @@ class GPTConfig:
             raise SpeedrunError("model.mlp_free_layers (record #31) are blocks of the block form: they need "
                                 "model.residual_form block")
         _check_mode("linear_init", self.linear_init, LINEAR_INITS)
+        _check_mode("attention_output_init", self.attention_output_init, get_args(OutputInit))
         if not _is_int(self.window_extra_keys) or self.window_extra_keys < 0:
             raise SpeedrunError(f"model.window_extra_keys must be an integer >= 0, got {self.window_extra_keys!r}")
         if self.window_extra_keys and not self.window_pattern:
@@ -677,7 +684,8 @@ PRESETS: dict[str, GPTConfig] = {
                           sa_lambdas=True, xsa_layers=(1, 3, 4, 7, 8, 10), xsa_form="normalized",
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
                           attention_backend="auto", cross_entropy="fused", rotary_kernel="triton",
-                          mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True),
+                          mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True,
+                          attention_output_init="uniform"),
 }
 
 # HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its train_gpt.py
