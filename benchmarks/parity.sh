@@ -29,7 +29,8 @@
 #       minutes for one record (phase A about 12, phase B about 8) and the machine's start: one record a session.
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
-# Environment: PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
+# Environment: PARITY_CONFIGS (our configs of `session`, e.g. parity-record88 alone; default by record),
+# PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
 # PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
 # A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns. The `wait`
 # calls carry nothing of their own, so benchmarks/fa4_carry.sh's pieces can ride along (issue 23): carry
@@ -122,7 +123,9 @@ summarize() {   # summarize RECORD CONFIG [BOUNDARIES]: parity_summary.py over b
         --ours $ROOT/ours-$config-*/$config-*.txt ${bounds:+--boundaries $bounds} "${@:4}"
 }
 
-ours_configs() {   # our parity configs against a record: record87 -> parity-record87; record88 -> + parity-record89
+ours_configs() {   # our parity configs against a record: record87 -> parity-record87; record88 -> + parity-record89;
+    # PARITY_CONFIGS, where set, names them instead (one H100's 80 GB holds two cold runs side by side, not three)
+    [ -n "${PARITY_CONFIGS:-}" ] && { echo "$PARITY_CONFIGS"; return; }
     case $1 in record87) echo parity-record87 ;; record88) echo parity-record88 parity-record89 ;;
         *) echo "parity.sh: session takes record87 or record88, got $1" >&2; exit 2 ;; esac
 }

@@ -33,10 +33,12 @@ def rotate(vec: list[float], phase: float, freqs: list[float], mode: str) -> lis
     return out
 
 
-def naive_paired(q, k, v, bounds, freqs, scale, window, mode):
+def naive_paired(q, k, v, bounds, freqs, scale, window, mode, layout="adjacent"):
     """The loop: for every token t, pair p and member e, the softmax over the (token, member) keys of the
-    pair with doubled position 2t'+e' <= 2t+e in the same document (and within ``window`` positions)."""
+    pair with doubled position 2t'+e' <= 2t+e in the same document (and within ``window`` positions). The pair
+    p holds heads 2p+e ("adjacent") or e·H/2+p ("split"); head h is rotated by the phase 2·pos + h mod 2."""
     tokens, heads, dim = q.shape
+    head = (lambda p, e: 2 * p + e) if layout == "adjacent" else (lambda p, e: e * heads // 2 + p)  # noqa: E731
     out = torch.zeros(tokens, heads, dim, dtype=torch.float64)
     doc_of = [d for d in range(len(bounds) - 1) for _ in range(bounds[d + 1] - bounds[d])]
     pos = [t - bounds[doc_of[t]] for t in range(tokens)]
@@ -44,19 +46,21 @@ def naive_paired(q, k, v, bounds, freqs, scale, window, mode):
         for p in range(heads // 2):
             for e in range(2):
                 me = 2 * t + e
-                qv = rotate(q[t, 2 * p + e].tolist(), 2 * pos[t] + e, freqs, mode)
+                h = head(p, e)
+                qv = rotate(q[t, h].tolist(), 2 * pos[t] + h % 2, freqs, mode)
                 scores, values = [], []
                 for s in range(tokens):
                     for e2 in range(2):
                         other = 2 * s + e2
                         if doc_of[s] != doc_of[t] or other > me or (window and me - other >= window):
                             continue
-                        kv = rotate(k[s, 2 * p + e2].tolist(), 2 * pos[s] + e2, freqs, mode)
+                        h2 = head(p, e2)
+                        kv = rotate(k[s, h2].tolist(), 2 * pos[s] + h2 % 2, freqs, mode)
                         scores.append(scale * sum(a * b for a, b in zip(qv, kv)))
-                        values.append(v[s, 2 * p + e2])
+                        values.append(v[s, h2])
                 top = max(scores)
                 weights = [math.exp(x - top) for x in scores]
-                out[t, 2 * p + e] = sum(w * val for w, val in zip(weights, values)) / sum(weights)
+                out[t, h] = sum(w * val for w, val in zip(weights, values)) / sum(weights)
     return out
 
 
@@ -79,17 +83,61 @@ def test_pair_heads_places_head_2p_plus_e_of_token_t_at_position_2t_plus_e():
         pair_heads(torch.zeros(2, 3, 4))
 
 
-@pytest.mark.parametrize("mode,window", [("full", None), ("half_truncated", None), ("full", 5)])
-def test_paired_attention_matches_the_naive_loop(mode, window):
-    q, k, v = random_qkv()
+def test_split_pair_heads_is_the_records_flat_reshape_head_p_with_head_p_plus_half():
+    x = torch.arange(2 * 6 * 3, dtype=torch.float64).reshape(2, 6, 3)
+    y = pair_heads(x, "split")
+    assert torch.equal(y, x.reshape(2, 18).view(4, 3, 3))                  # record #88 L1108: v.reshape(B, 2T, H/2, D)
+    for t in range(2):
+        for p in range(3):
+            assert torch.equal(y[2 * t, p], x[t, p]) and torch.equal(y[2 * t + 1, p], x[t, p + 3])
+    assert torch.equal(unpair_heads(y, "split"), x)
+    with pytest.raises(ValueError, match="layout must be 'adjacent' or 'split'"):
+        pair_heads(x, "interleaved")
+
+
+@pytest.mark.parametrize("mode,window,layout", [("full", None, "adjacent"), ("half_truncated", None, "adjacent"),
+                                                ("full", 5, "adjacent"), ("half_truncated", 5, "split"),
+                                                ("full", None, "split")])
+def test_paired_attention_matches_the_naive_loop(mode, window, layout):
+    q, k, v = random_qkv(heads=6)
     cu = torch.tensor(BOUNDS, dtype=torch.int32)
     positions = torch.tensor([t - b for b, c in zip(BOUNDS, BOUNDS[1:]) for t in range(b, c)])
     freqs = rotary_frequencies(8, 100.0, mode=mode).double()
     cos, sin = rotary_tables(paired_positions(positions), freqs)
     got = paired_attention(q, k, v, PackedDocuments(cu, 13), cos.double(), sin.double(), 0.3, window,
-                           rope=mode)
-    expected = naive_paired(q, k, v, BOUNDS, freqs.tolist(), 0.3, window, mode)
+                           rope=mode, layout=layout)
+    expected = naive_paired(q, k, v, BOUNDS, freqs.tolist(), 0.3, window, mode, layout)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_split_paired_attention_is_record_88s_view_rotate_view_on_one_document():
+    """Record #88's paired branch written out (L1101-1120, one document, window (W, 0) on the doubled
+    sequence): q and k viewed (T, H/2, 2·Dh), rotated with the doubled tables of phases 2t and 2t+1 side by
+    side, viewed (2T, H/2, Dh); v reshaped so; causal attention; y viewed back (T, H, Dh). Rotation here
+    turns by +θ as ours (the record's x_flip turns by -θ: the same up to a sign of each pair's second
+    coordinate, which Muon's orthogonalized updates commute with)."""
+    tokens, heads, dim = 12, 6, 8
+    q, k, v = random_qkv(seed=3, tokens=tokens, heads=heads, dim=dim)
+    freqs = rotary_frequencies(dim, 0.0, mode="half_truncated").double()                   # R = 2
+    angles = torch.arange(2 * tokens, dtype=torch.float64).view(tokens, 2)[..., None] * freqs  # (T, 2, R)
+
+    def record_rotate(x):                                          # (T, H, Dh) -> (2T, H/2, Dh)
+        pairs = x.reshape(tokens, heads // 2, 2, dim)              # (T, H/2, 2·Dh) seen as its two halves
+        c, s = angles.cos()[:, None], angles.sin()[:, None]        # (T, 1, 2, R): phase 2t, 2t+1 per half
+        a, b = pairs[..., :4:2], pairs[..., 1:4:2]                 # the R rotated (2i, 2i+1) pairs
+        turned = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+        return torch.cat((turned, pairs[..., 4:]), dim=-1).reshape(2 * tokens, heads // 2, dim)
+
+    q2, k2, v2 = record_rotate(q), record_rotate(k), v.reshape(2 * tokens, heads // 2, dim)
+    window = 5                                                     # FA3 window_size=(5, 0): 6 positions
+    i = torch.arange(2 * tokens)
+    allowed = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] <= window)
+    scores = torch.einsum("thd,shd->hts", q2, k2) * 0.3
+    y = torch.einsum("hts,shd->thd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v2)
+    cos, sin = rotary_tables(paired_positions(torch.arange(tokens)), freqs)
+    got = paired_attention(q, k, v, PackedDocuments(torch.tensor([0, tokens], dtype=torch.int32), tokens),
+                           cos.double(), sin.double(), 0.3, window + 1, rope="half_truncated", layout="split")
+    torch.testing.assert_close(got, y.reshape(tokens, heads, dim), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa_docs", "flex"])

@@ -103,7 +103,7 @@ def _reference_attention(model, i, x, aux_v, xsa_alpha, linear_gate, dc_w, head)
         v = v + aux_v.view(T, H, Dh)
     if i in (0, 2, 5, 9):
         y = paired_attention(q, k, v, PackedDocuments(CU, T), context.paired_cos, context.paired_sin, scale,
-                             window, rope="half_truncated", backend="reference")
+                             window, rope="half_truncated", backend="reference", layout="split")  # heads p, p+3
     else:
         q = apply_rotary(q, context.cos, context.sin, "half_truncated")
         k = apply_rotary(k, context.cos, context.sin, "half_truncated")

@@ -103,6 +103,7 @@ class CausalSelfAttention(nn.Module):
         if self.backend in flash.LIBRARIES:
             flash.unavailable_reason(self.backend)       # import FA3/FA4 now, before a compile traces a call
         self.paired = layer in config.paired_head_layers
+        self.paired_layout = config.paired_head_layout
         self.key_offset = (config.key_offset and not self.paired
                            and config.window_pattern[layer:layer + 1] == "L")              # record #49
         fp8 = config.fp8_attention
@@ -163,7 +164,7 @@ class CausalSelfAttention(nn.Module):
         if self.paired:
             q, k = rms_norm(q), rms_norm(k)
             y = paired_attention(q, k, v, context.docs, context.paired_cos, context.paired_sin, context.scale,
-                                 window, rope=self.rope, backend=self.backend)
+                                 window, rope=self.rope, backend=self.backend, layout=self.paired_layout)
         else:
             q, k = self._norm_rotary(q, k, context)
             if self.key_offset:                                 # a per-layer constant: no graph break

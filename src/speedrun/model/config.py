@@ -45,6 +45,7 @@ RESIDUAL_FORMS: tuple[str, ...] = get_args(ResidualForm)
 XSA_FORMS: tuple[str, ...] = get_args(XsaForm)
 LinearInit = Literal["speedrun", "torch"]
 OutputInit = Literal["zero", "uniform"]
+PairedLayout = Literal["adjacent", "split"]
 LINEAR_INITS: tuple[str, ...] = get_args(LinearInit)
 GATE_CHANNELS = 12
 VE_GATE_CHANNELS = 6
@@ -124,6 +125,8 @@ class GPTConfig:
         paired_head_layers: layers with paired-head attention (record #58; HEAD 0, 2, 5, 9 of 11); needs an
             even n_head. Their window keeps its value in positions of the doubled sequence, so it spans half
             as many tokens. See :mod:`speedrun.model.paired`.
+        paired_head_layout: which heads share a pair: ``"adjacent"`` (heads 2p and 2p+1) or ``"split"``
+            (heads p and p + n_head/2, the records' own reshape, records #58-#89; record #88 L1101-1112).
         attention_free_layers: layers without attention, MLP only (record #17 onward: layer 7 of 12 in
             record #28; layer 6 of 11 in HEAD). Such a layer takes no value embedding, gate or pairing.
         key_offset: partial key offset (record #49, speedrun-spec.md 2.3): in every long-window (``L``)
@@ -287,6 +290,7 @@ class GPTConfig:
     skip_to: int = 6
     attention_gate_layers: tuple[int, ...] = ()
     paired_head_layers: tuple[int, ...] = ()
+    paired_head_layout: PairedLayout = "adjacent"
     attention_free_layers: tuple[int, ...] = ()
     key_offset: bool = False
     backout_layer: int | None = None
@@ -455,6 +459,7 @@ class GPTConfig:
                                 "model.residual_form block")
         _check_mode("linear_init", self.linear_init, LINEAR_INITS)
         _check_mode("attention_output_init", self.attention_output_init, get_args(OutputInit))
+        _check_mode("paired_head_layout", self.paired_head_layout, get_args(PairedLayout))
         if not _is_int(self.window_extra_keys) or self.window_extra_keys < 0:
             raise SpeedrunError(f"model.window_extra_keys must be an integer >= 0, got {self.window_extra_keys!r}")
         if self.window_extra_keys and not self.window_pattern:
@@ -670,7 +675,10 @@ PRESETS: dict[str, GPTConfig] = {
     # values (speedrun.optim.stages). Attention: the fastest installed backend (auto: FlashAttention 3, as the
     # records since #29, where it is installed). Its bigram table (record88 L1746-1747, as #83's and #87's) has
     # 50304·15 = 754,560 rows of 192 channels, added to the stream's first 192 (bigram_dim; HEAD's is 377,280 x
-    # 768; until 2026-12-03 this preset had HEAD's table).
+    # 768; until 2026-12-03 this preset had HEAD's table). Its windows see one key more than their blocks (L1124:
+    # FA3's window_size=(bm_size, 0), bm_size = blocks·128 positions back, on the paired layers' doubled
+    # sequence too) and its paired layers pair heads p and p + 3 (L1101-1112): window_extra_keys 1 and
+    # paired_head_layout "split" (both since 2026-12-06).
     "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.1, yarn=True,
                           window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,
@@ -685,7 +693,7 @@ PRESETS: dict[str, GPTConfig] = {
                           mudd=True, mudd_layer=10, mudd_mid_layer=7, mudd_early_layer=3,
                           attention_backend="auto", cross_entropy="fused", rotary_kernel="triton",
                           mlp_kernel="triton", fp8_mlp=True, fp8_mlp_down=False, prefix_token_loss=True,
-                          attention_output_init="uniform"),
+                          attention_output_init="uniform", window_extra_keys=1, paired_head_layout="split"),
 }
 
 # HEAD (record #89 in issue 20's numbering: #85 MUDD gates + DC, #86 XSA rewrite, #87, #88, #89; its train_gpt.py
