@@ -30,6 +30,7 @@
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_CONFIGS (our configs of `session`, e.g. parity-record88 alone; default by record),
+# PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile),
 # PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
 # PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
 # A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns. The `wait`
@@ -139,7 +140,8 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     for config in "${configs[@]}"; do ours_run "$config" 1 & done    # side by side too: one of ours compiles
     wait                                                                # for about 8 minutes cold
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
-    for config in "${configs[@]}"; do ours_run "$config" 2 --profile; done    # and where our step time goes
+    # shellcheck disable=SC2086
+    for config in "${configs[@]}"; do ours_run "$config" 2 ${PARITY_PROFILE---profile}; done   # where our time goes
     for record in "$@"; do reference_run "$record" 2; done
     echo "summaries $(date +%T)"
     cd $ROOT/code

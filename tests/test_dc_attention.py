@@ -171,6 +171,31 @@ def test_auto_on_cpu_is_the_reference():
                        dc_attention(**inputs, cu_seqlens=cu, scale=0.5, impl="reference"))
 
 
+def test_auto_takes_the_kernel_only_for_the_shapes_it_takes(monkeypatch):
+    """On CUDA, ``auto`` calls the Triton path only where it takes the shape (a tiny model's head_dim 4
+    fell into its head_dim check in a GPU test, 2026-12-06); the device test is stood in for by a q whose
+    ``is_cuda`` is true and a spy kernel."""
+    pytest.importorskip("triton")
+    import speedrun.model.dc as dc
+    from speedrun.kernels.dc_attention import MAX_WINDOW, takes_shape
+
+    assert takes_shape(16, 1) and takes_shape(128, MAX_WINDOW)
+    assert not takes_shape(4, 112) and not takes_shape(48, 112) and not takes_shape(128, MAX_WINDOW + 1)
+    calls = []
+    monkeypatch.setattr(dc, "_TRITON_CORRECTION", lambda *args: calls.append(args[1].shape) or args[0])
+
+    class CudaLooking(torch.Tensor):
+        is_cuda = True
+
+    for dim, window, kernel in ((4, 8, False), (16, 8, True), (16, MAX_WINDOW + 1, False)):
+        inputs = random_inputs(10, 2, dim, dtype=torch.float32)
+        inputs["q"] = inputs["q"].as_subclass(CudaLooking)
+        cu = torch.tensor([0, 10], dtype=torch.int32)
+        calls.clear()
+        dc_attention(**inputs, cu_seqlens=cu, scale=0.5, window=window)
+        assert calls == ([(10, 2, dim)] if kernel else [])
+
+
 def test_reference_traces_as_one_graph_with_tensor_scale():
     """torch.compile(fullgraph=True) raises on a graph break; the eager backend keeps the test fast."""
     inputs = {name: t.requires_grad_() for name, t in random_inputs(20, 2, 4, dtype=torch.float32).items()}

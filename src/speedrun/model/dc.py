@@ -58,6 +58,7 @@ BLOCK_QUERIES = 128             # queries per block of the reference implementat
 IMPLS = ("auto", "reference", "triton")
 # The Triton path, resolved at import (None without the triton package): torch.compile cannot trace an import.
 _TRITON_CORRECTION = optional_kernel("dc_attention", "dc_correction")
+_TRITON_TAKES = optional_kernel("dc_attention", "takes_shape")
 
 
 def document_starts(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -97,8 +98,9 @@ def dc_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     rotary and key offset; v with its additions), one float dtype with y. w1, w2: (T, H) raw per-token
     weights of any float dtype (w1 is RMS-normalised over the heads here, eps 1e-6). cu_seqlens: (S,) int32
     (0, the document starts, T, possibly T repeated as padding). scale: float or 0-d tensor, the factor of
-    q·k. window: W >= 1 tokens (the query's own key included); the Triton path takes W <= 128. impl: one of
-    :data:`IMPLS`. Returns (T, H, Dh) in y's dtype, differentiable in y, q, k, v, w1 and w2 (a tensor scale
+    q·k. window: W >= 1 tokens (the query's own key included); the Triton path takes W <= 128 and Dh a power
+    of two >= 16. impl: one of :data:`IMPLS` (``"auto"``: the Triton path on CUDA where it takes the shape,
+    else the reference). Returns (T, H, Dh) in y's dtype, differentiable in y, q, k, v, w1 and w2 (a tensor scale
     gets a gradient on the reference path only).
 
     Raises :class:`SpeedrunError` on mismatched shapes or devices, non-float inputs, a bad window or impl,
@@ -112,7 +114,8 @@ def dc_attention(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     kernel = _TRITON_CORRECTION
     if impl == "triton" and kernel is None:
         raise SpeedrunError("dc_attention: impl 'triton' needs the triton package (pip install triton)")
-    if impl == "triton" or (impl == "auto" and q.is_cuda and kernel is not None):
+    if impl == "triton" or (impl == "auto" and q.is_cuda and kernel is not None
+                            and _TRITON_TAKES(q.size(-1), window)):
         return kernel(y, q, k, v, u.float(), w2.float(), starts, scale, window)
     return dc_attention_reference(y, q, k, v, u, w2.to(compute), starts, scale, window)
 
