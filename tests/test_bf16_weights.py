@@ -316,3 +316,26 @@ def test_cuda_bf16_weights_put_the_residual_stream_in_bf16():
     stream stays bf16 there too (x0 = norm(embedding) would otherwise start an fp32 stream)."""
     assert sum(_fp32_activations(store=False, device="cuda").values()) > 20
     assert _fp32_activations(store=True, device="cuda") == collections.Counter()
+
+
+def test_sa_lambdas_scale_the_bf16_weights_as_the_records_products_do():
+    """Record #88 L1086, L1135: ``F.linear(x, sa_lambdas[0] * W_qkv)`` and ``F.linear(y, sa_lambdas[1] * W_o)``
+    with bf16 weights and a 0-d fp32 λ (the product stays bf16): the q/k/v and output products of a bf16
+    model are these to the bit, and λ's gradient is the sum of W ⊙ dL/d(λW) over the weight."""
+    torch.manual_seed(0)
+    model = GPT(tiny("record88"))
+    model.store_weights(torch.bfloat16)
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        attn.sa_lambdas.copy_(torch.tensor([0.7137, 1.3141]))
+    x = torch.randn(20, 24).to(torch.bfloat16)
+    w_qkv = torch.cat((attn.q.weight, attn.k.weight, attn.v.weight))
+    qkv = attn._qkv(x)
+    assert qkv.dtype == torch.bfloat16
+    assert torch.equal(qkv, torch.nn.functional.linear(x, attn.sa_lambdas[0] * w_qkv))
+    assert not torch.equal(qkv, attn.sa_lambdas[0].to(torch.bfloat16) * torch.nn.functional.linear(x, w_qkv))
+    qkv.float().square().sum().backward()
+    scaled = (attn.sa_lambdas[0].detach() * w_qkv.detach()).requires_grad_()
+    torch.nn.functional.linear(x, scaled).float().square().sum().backward()
+    expected = (scaled.grad.float() * w_qkv.detach().float()).sum()
+    torch.testing.assert_close(attn.sa_lambdas.grad[0], expected, rtol=1e-2, atol=0)

@@ -92,8 +92,9 @@ class CausalSelfAttention(nn.Module):
     :func:`speedrun.model.xsa.xsa`) with the strengths ``xsa_alpha`` of the call (per token, from the MUDD
     gates) or else the parameter ``xsa_alpha`` (H,) from 0. A ``gate`` (T, H) of the call replaces the
     sigmoid output gate by a linear one (HEAD's MUDD gates, record #85). With ``config.sa_lambdas`` (record
-    #47) the parameter ``sa_lambdas`` (2,) from (0.5, 1.0) multiplies the q/k/v product and the output
-    projection (the record pre-multiplies the weights: the same products).
+    #47) the parameter ``sa_lambdas`` (2,) from (0.5, 1.0) multiplies the q/k/v weights and the output
+    projection's as the records pre-multiply them (record #88 L1086, L1135); a product from an FP8 weight cache
+    is multiplied instead.
     """
 
     def __init__(self, config: GPTConfig, layer: int = 0):
@@ -153,12 +154,7 @@ class CausalSelfAttention(nn.Module):
         XSA strengths (on an XSA layer), gate (T, H) a linear output gate, dc_weights (w1, w2) (T, H) each
         (on a DC layer, ``ValueError`` without them). Returns (T, C)."""
         unit = self.fp8_unit and self.training
-        if unit:
-            qkv = self._unit_fp8(x, self._qkv_weight(), 0)
-        else:
-            qkv = self._qkv(x)
-            if self.sa_lambdas is not None:
-                qkv = self.sa_lambdas[0].type_as(qkv) * qkv
+        qkv = self._unit_fp8(x, self._qkv_weight(), 0) if unit else self._qkv(x)
         q, k, v = qkv.view(x.size(0), 3, self.n_head, self.head_dim).unbind(1)            # (T, H, Dh) each
         v = self.mix_values(v, value_embed, x)
         if self.paired:
@@ -175,18 +171,28 @@ class CausalSelfAttention(nn.Module):
             y = y * gate.type_as(y).unsqueeze(-1)                                        # (T, H, 1)
         elif self.gate is not None:
             y = y * self.gate(x).type_as(y)
+        y = y.reshape(x.size(0), -1)                                                     # (T, H·Dh)
         if unit:
-            return self._unit_fp8(y.reshape(x.size(0), -1), self.o.weight, 1)
-        out = self.o(y.reshape(x.size(0), -1))                                          # (T, C)
-        return out if self.sa_lambdas is None else self.sa_lambdas[1].type_as(out) * out
+            return self._unit_fp8(y, self.o.weight, 1)
+        if self.o.fp8 and self.training:                 # o's FP8 cache holds W: λ on the product
+            return self._scaled_output(self.o(y), 1)
+        return F.linear(y, self._scaled_weight(self.o.weight, 1))                         # (T, C)
+
+    def _scaled_weight(self, weight: torch.Tensor, lam: int) -> torch.Tensor:
+        """``sa_lambdas[lam] · weight`` in the weight's dtype (a 0-d fp32 λ does not promote a bf16 weight, as
+        in the records' ``sa_lambdas[0] * qkvo_w``), or the weight alone without ``sa_lambdas``. On the weight,
+        λ's gradient is a sum over the weight's elements, not over the (T, N) product's."""
+        return weight if self.sa_lambdas is None else self.sa_lambdas[lam] * weight
+
+    def _scaled_output(self, out: torch.Tensor, lam: int) -> torch.Tensor:
+        """``sa_lambdas[lam] · out`` (T, N) for the products whose FP8 cache holds the unscaled weight."""
+        return out if self.sa_lambdas is None else self.sa_lambdas[lam].type_as(out) * out
 
     def _unit_fp8(self, x: torch.Tensor, weight: torch.Tensor, lam: int) -> torch.Tensor:
         """Record #87's FP8 product (``config.fp8_attention_scales`` "unit"): x (T, K) and ``sa_lambdas[lam]
         · weight`` (N, K) (the weight alone without ``sa_lambdas``), each cast to bf16 and then to e4m3 at scale
         1, multiplied on the FP8 path; bf16 backward. Returns (T, N) bf16."""
-        if self.sa_lambdas is not None:
-            weight = self.sa_lambdas[lam] * weight
-        return fp8_linear(x.to(torch.bfloat16), weight.to(torch.bfloat16), UNIT_SCALES)
+        return fp8_linear(x.to(torch.bfloat16), self._scaled_weight(weight, lam).to(torch.bfloat16), UNIT_SCALES)
 
     def _after_kernel(self, y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       context: AttentionContext, xsa_alpha: torch.Tensor | None,
@@ -246,12 +252,13 @@ class CausalSelfAttention(nn.Module):
                 apply_rotary(k, context.cos, context.sin, self.rope).to(dtype))
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C); FP8
-        (one dynamic scale for the three) in the training forward with ``fp8_attention``."""
+        """x (T, C) -> [q | k | v] (T, 3·H·Dh) in one product with the stacked weights (3·H·Dh, C), times
+        ``sa_lambdas[0]``; FP8 (one dynamic scale for the three) in the training forward with
+        ``fp8_attention``."""
         weight = self._qkv_weight()
         if self.q.fp8 and self.training:
-            return fp8_linear(x, weight, cache=self.qkv_fp8)
-        return F.linear(x, weight)
+            return self._scaled_output(fp8_linear(x, weight, cache=self.qkv_fp8), 0)
+        return F.linear(x, self._scaled_weight(weight, 0))
 
     @torch.no_grad()
     def quantize_weight_(self) -> None:

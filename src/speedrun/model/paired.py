@@ -82,5 +82,11 @@ def paired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Pa
 def _rotated_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RopeMode,
                    layout: PairedLayout) -> torch.Tensor:
     """x (T, H, Dh) rotated, head h by the phase 2·pos + (h mod 2), in ``layout``'s (2T, H/2, Dh)."""
-    rotated = apply_rotary(pair_heads(x), cos, sin, rope)             # adjacent: head 2p+e at phase 2·pos+e
-    return rotated if layout == "adjacent" else pair_heads(unpair_heads(rotated), layout)
+    if layout == "adjacent":                                          # head 2p+e at position 2t+e, phase 2·pos+e
+        return apply_rotary(pair_heads(x), cos, sin, rope)
+    tokens, heads, dim = x.shape
+    if heads % 2:
+        raise ValueError(f"paired-head attention needs an even number of heads, got {heads}")
+    # the doubled rows 2t, 2t+1 as (T, 2, R), repeated over the pairs: head h takes row 2t + h mod 2
+    c, s = (table.view(tokens, 2, -1).repeat(1, heads // 2, 1) for table in (cos, sin))   # (T, H, R)
+    return pair_heads(apply_rotary(x, c, s, rope), layout)            # the flat reshape: a view

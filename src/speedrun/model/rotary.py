@@ -94,12 +94,13 @@ def rotary_table(frequencies: torch.Tensor, positions_count: int) -> tuple[torch
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mode: RopeMode = "full") -> torch.Tensor:
     """Rotate the pairs of ``x`` (T, H, D) by their angles; same shape and dtype.
 
-    ``cos``, ``sin``: (T, R) from :func:`rotary_tables`. ``"full"``: pairs (x[i], x[i + D/2]), R = D/2.
+    ``cos``, ``sin``: (T, R) from :func:`rotary_tables`, or (T, H, R) for an angle per head (the split
+    paired-head layout, :mod:`speedrun.model.paired`). ``"full"``: pairs (x[i], x[i + D/2]), R = D/2.
     ``"half_truncated"``: adjacent pairs (x[2i], x[2i+1]) for i < R, dims 2R.. unchanged. The dot product of
     a rotated query at position m and a rotated key at position n depends on m - n only.
     """
     work = x.to(torch.promote_types(x.dtype, cos.dtype))                       # fp32 (fp64 for fp64 x)
-    c, s = cos[:, None, :], sin[:, None, :]
+    c, s = (cos, sin) if cos.dim() == 3 else (cos[:, None, :], sin[:, None, :])       # (T, H or 1, R)
     if mode == "full":
         x1, x2 = work.chunk(2, dim=-1)
         return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).type_as(x)
