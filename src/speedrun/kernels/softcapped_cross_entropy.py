@@ -14,9 +14,10 @@ Weighted targets (the records' training loss, records #53 and #88; speedrun-spec
 (T, J) and ``targets`` (T, J) (:func:`speedrun.model.loss.loss_terms`: the next K tokens and the prefix
 token of each position, weight 0 for a dropped term), ``loss_t = Σ_j w_tj (lse - y_tj)`` and
 ``grad_t = (Σ_j w_tj · softmax(y) - Σ_j w_tj · onehot(target_tj)) · dy/dz · grad_mul / norm``, still in one
-pass: the J target columns of a row are compared with every block of columns in the gradient sweep (J is a
-compile-time constant, 1 to 4 in the records), where the record's CUDA kernel writes the dense part first
-and then patches the target columns. The weights are read from memory, so a compiled graph serves every
+pass: as the records' CUDA kernel (record #88's ``ce_fwd_bwd_kernel``), the gradient sweep writes the dense
+part ``Σ_j w_tj · softmax(y)`` and then, after a barrier, patches the J target columns of the row (J is a
+compile-time constant, 1 to 4 in the records); until 2026-12-06 every column was compared with the J targets
+in the sweep, 3·J more operations per element. The weights are read from memory, so a compiled graph serves every
 value of the record's per-step weight schedule; ``norm`` (a 0-d tensor, the FP8 head's Σ_j |w_tj| bound)
 keeps the e5m2 gradient in range.
 
@@ -176,17 +177,34 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses
             z = tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
             y = _capped(z, cap, KIND, FAST)
             if WEIGHTED:
-                d = total * tl.exp(y - lse)
-                for j in tl.static_range(TERMS):
-                    target_j = tl.load(targets_ptr + row * TERMS + j)
-                    d -= tl.where(cols == target_j, tl.load(weights_ptr + row * TERMS + j), 0.0)
+                d = total * tl.exp(y - lse)                            # the target columns patched below
             else:
                 d = tl.exp(y - lse) - tl.where(cols == target, 1.0, 0.0)
-            d = d * _cap_derivative(y, cap, KIND) * mul
-            if E5M2:
-                tl.store(grad_row + cols, d.to(tl.float8e5, fp_downcast_rounding="rtne"), mask=cols < V)
-            else:
-                tl.store(grad_row + cols, d.to(grad_ptr.dtype.element_ty), mask=cols < V)
+            _store_grad(grad_row + cols, d * _cap_derivative(y, cap, KIND) * mul, cols < V, E5M2)
+        if WEIGHTED:
+            # the TERMS target columns, after every thread's dense store of the row (bar.sync orders the CTA's
+            # global stores): Σ_j w_j softmax - Σ_{k: target_k = column} w_k there; a column that several
+            # terms name gets the same value from each
+            tl.debug_barrier()
+            for j in tl.static_range(TERMS):
+                target_j = tl.load(targets_ptr + row * TERMS + j)
+                y_j = _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST)
+                hits = 0.0
+                for k in tl.static_range(TERMS):
+                    hits += tl.where(tl.load(targets_ptr + row * TERMS + k) == target_j,
+                                     tl.load(weights_ptr + row * TERMS + k), 0.0)
+                d_j = (total * tl.exp(y_j - lse) - hits) * _cap_derivative(y_j, cap, KIND) * mul
+                _store_grad(grad_row + target_j, d_j, True, E5M2)
+
+
+@triton.jit
+def _store_grad(ptrs, d, mask, E5M2: tl.constexpr):
+    """Store the fp32 gradient ``d`` at ``ptrs`` in their dtype: float8 e5m2 rounded to nearest even, else a
+    plain cast."""
+    if E5M2:
+        tl.store(ptrs, d.to(tl.float8e5, fp_downcast_rounding="rtne"), mask=mask)
+    else:
+        tl.store(ptrs, d.to(ptrs.dtype.element_ty), mask=mask)
 
 
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
