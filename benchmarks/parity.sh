@@ -14,6 +14,9 @@
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
 #                                                       # record87: its own 0,38,71,105,120 unless BOUNDARIES)
+#   bash benchmarks/parity.sh reference-profile RECORD [FIRST,COUNT]   # the record's script profiled over COUNT
+#                                                       # steps from FIRST (default 3,2), as ours' --profile
+#                                                       # (benchmarks/record_profile.py; $ROOT/profiles/RECORD.*)
 #   bash benchmarks/parity.sh prepare-data              # the data of both sides alone, checked against our three
 #                                                       # parity configs (no GPU; tests/test_parity_data.py)
 #   bash benchmarks/parity.sh session [RECORD...]       # a whole issue-20 session in one background job, for
@@ -95,7 +98,8 @@ prepare_ours() {   # our stage folders of the very files the records read (lay_o
 reference_run() {   # reference_run RECORD I: one run of the prepared record script, in the foreground
     local record=$1 i=$2
     # shellcheck disable=SC2086
-    (cd $ROOT/$record && env PYTHONPATH=$ROOT/tools:. TIKTOKEN_CACHE_DIR=$ROOT/tiktoken DATA_PATH=$ROOT/data \
+    # (our benchmarks and src last on the path: record_profile's hook, for a script patched by reference-profile)
+    (cd $ROOT/$record && env PYTHONPATH=$ROOT/tools:.:$ROOT/code/benchmarks:$ROOT/code/src TIKTOKEN_CACHE_DIR=$ROOT/tiktoken DATA_PATH=$ROOT/data \
         PYTHONUNBUFFERED=1 $(echo $SCHED) python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
         train_gpt.py > $ROOT/$record-$i.out 2>&1 || echo "run $i failed: $?" >> $ROOT/$record-$i.out
      cp "$(ls -t logs/*.txt | head -1)" $ROOT/$record-$i.txt || true)
@@ -120,7 +124,7 @@ summarize() {   # summarize RECORD CONFIG [BOUNDARIES]: parity_summary.py over b
     local record=$1 config=$2 bounds=${3:-}
     [ -z "$bounds" ] && [ "$record" = record87 ] && bounds=0,38,71,105,120
     # shellcheck disable=SC2086
-    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-*.txt \
+    PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-[0-9]*.txt \
         --ours $ROOT/ours-$config-*/$config-*.txt ${bounds:+--boundaries $bounds} "${@:4}"
 }
 
@@ -165,6 +169,16 @@ reference)
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
 prepare-data) prepare_ours ;;
 reference-run) reference_run "$2" "$3" ;;
+reference-profile)   # the record's script once more, torch.profiler around steps FIRST..FIRST+COUNT-1 (default 3,2:
+    # stage 1, no validation), files as our --profile's under $ROOT/profiles/RECORD.* (benchmarks/record_profile.py)
+    record=${2:?record folder: record87, record88 or head}; steps=${3:-3,2}
+    prepare_reference "$record"
+    python3 benchmarks/record_profile.py patch $ROOT/$record/train_gpt.py $ROOT/$record/train_gpt.py
+    copy_code
+    cp "$0" $ROOT/parity.sh
+    setsid nohup env RECORD_PROFILE_STEPS="$steps" RECORD_PROFILE_OUT=$ROOT/profiles/$record \
+        bash $ROOT/parity.sh reference-run "$record" profiled > /dev/null 2>&1 < /dev/null &
+    echo "started a profiled run of $record (steps $steps) under $ROOT/$record" ;;
 ours-run) ours_run "${@:2}" ;;
 session)
     shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record88)
@@ -191,7 +205,8 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     session_alive() { [ -f $ROOT/session.pid ] && kill -0 "$(cat $ROOT/session.pid)" 2>/dev/null; }
     while :; do
         (cd $ROOT && tar czf "$OUT/parity-logs.tar.gz.tmp" --exclude='*.trace.json.gz' --exclude=ours-data -- *.out *.txt *.log *.json \
-            ours-*/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz")
+            ours-*/ profiles/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz"
+         cp profiles/*.trace.json.gz "$OUT"/ 2>/dev/null)   # the records' traces (ours stay: 8 files a call)
         [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && ! session_alive && break
         [ "$(date +%s)" -ge $deadline ] && break
         sleep 15
