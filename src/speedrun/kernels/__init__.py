@@ -10,6 +10,8 @@ its FP8 forward (records #84, #89; reference :func:`speedrun.model.fp8_mlp.fp8_m
 interface :func:`speedrun.model.dc.dc_attention`).
 ``transpose``: a tiled transposed copy of a 2-D tensor, for the FP8 head's weight gradient (reference
 ``t.t().contiguous()``; dispatch :func:`speedrun.model.fp8.transposed`).
+``adam``: cautious Adam's update in one pass (record #50; reference and dispatch
+:class:`speedrun.optim.adam.CautiousAdam`).
 
 Importing this package imports nothing (no Triton, no CUDA); import the kernel module you need, which needs
 the ``triton`` package, or ask :func:`optional_kernel` for one of its functions.

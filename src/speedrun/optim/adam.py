@@ -9,7 +9,11 @@ from typing import Any, Iterable
 
 import torch
 
+from speedrun.kernels import optional_kernel
 from speedrun.optim.base import PerParameterOptimizer
+
+# the one-pass CUDA update (None without the triton package); torch.compile does not trace the optimizers
+_FUSED_UPDATE = optional_kernel("adam", "cautious_adam_")
 
 
 def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, float], eps: float,
@@ -51,8 +55,10 @@ class CautiousAdam(PerParameterOptimizer):
     value-embedding and bigram tables): the coordinates whose step disagrees with the gradient's sign are damped,
     the others scaled up by 1/mean(k), the mean over the whole tensor. Parameters of any shape and float dtype
     (the new p is computed in fp32 and rounded once to p's dtype: for the records' bf16 weights, as their
-    ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. Raises ``ValueError`` on an
-    invalid hyperparameter.
+    ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. On CUDA, a group without
+    C-Optim updates each parameter in one pass of :func:`speedrun.kernels.adam.cautious_adam_` (the same
+    formula; the records compile theirs into one kernel), elsewhere the eager update below. Raises
+    ``ValueError`` on an invalid hyperparameter.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.008, betas: tuple[float, float] = (0.9, 0.95),
@@ -70,6 +76,13 @@ class CautiousAdam(PerParameterOptimizer):
             state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
         state["step"] += 1
         beta1, beta2 = group["betas"]
+        lr, t = group["lr"], state["step"]
+        step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+        if (_FUSED_UPDATE is not None and p.is_cuda and not group.get("coptim", 0.0)
+                and p.dtype != torch.float64 and p.is_contiguous() and p.grad.is_contiguous()):
+            _FUSED_UPDATE(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, group["eps"], step_size,
+                          lr * lr * group["weight_decay"])
+            return
         grad = p.grad.float()
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.lerp_(grad, 1.0 - beta1)
@@ -79,9 +92,8 @@ class CautiousAdam(PerParameterOptimizer):
         if strength:
             keep = ((update * grad) > 0).float()                  # C-Optim (record #87): agreeing coordinates
             update = update * ((1.0 - strength) + strength * keep / keep.mean().clamp_min(1e-3))
-        lr, t = group["lr"], state["step"]
         exact = torch.promote_types(p.dtype, torch.float32)      # fp32, or fp64 for fp64 parameters
-        step = update.to(exact).mul_(lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))
+        step = update.to(exact).mul_(step_size)
         if group["weight_decay"]:
             weight = p.to(exact)
             step.addcmul_(weight, (step * weight) > 0, value=lr * lr * group["weight_decay"])   # strictly: #50
