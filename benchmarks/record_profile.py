@@ -25,6 +25,7 @@ first stage by default).
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import re
@@ -32,6 +33,9 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 LOOP = re.compile(r"^(?P<indent>[ \t]*)for step in range\(train_steps \+ 1\):[ \t]*$", re.M)
 HOOK = '__import__("record_profile").at_step(step)'
@@ -56,36 +60,33 @@ class _Profile:
 
     def __init__(self, first: int, count: int, prefix: Path):
         self.first, self.count, self.prefix = first, count, prefix
+        self.cuda = torch.cuda.is_available()
         self.prof = None
         self.start = 0.0
 
-    def at_step(self, step: int) -> None:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
-        cuda = torch.cuda.is_available()
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
+    def at_step(self, step: int) -> None:
         if step == self.first:
-            sync()
-            self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+            self._sync()
+            self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
             self.prof.__enter__()
             self.start = time.perf_counter()
         elif step == self.first + self.count and self.prof is not None:
-            sync()
+            self._sync()
             wall_ms = (time.perf_counter() - self.start) * 1000
             self.prof.__exit__(None, None, None)
             self._write(wall_ms)
             self.prof = None
 
     def _write(self, wall_ms: float) -> None:
-        from gpu_speedrun import kernel_summary
+        from gpu_speedrun import kernel_summary          # on the run's PYTHONPATH (benchmarks/), see the docstring
 
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
-        import torch
-
         Path(f"{self.prefix}.txt").write_text(self.prof.key_averages().table(
-            sort_by="cuda_time_total" if torch.cuda.is_available() else "cpu_time_total", row_limit=40,
-            max_name_column_width=80))
+            sort_by="cuda_time_total" if self.cuda else "cpu_time_total", row_limit=40, max_name_column_width=80))
         trace = Path(f"{self.prefix}.trace.json")
         self.prof.export_chrome_trace(str(trace))
         summary = kernel_summary(trace, wall_ms, self.count)
@@ -96,9 +97,10 @@ class _Profile:
         trace.unlink()
 
 
+@functools.cache
 def _from_environment() -> _Profile | None:
-    """The profile that RECORD_PROFILE_STEPS and RECORD_PROFILE_OUT ask for on this rank, or None. Raises
-    ``SystemExit`` on a malformed RECORD_PROFILE_STEPS."""
+    """The profile that RECORD_PROFILE_STEPS and RECORD_PROFILE_OUT ask for on this rank, or None (one per
+    process: cached). Raises ``SystemExit`` on a malformed RECORD_PROFILE_STEPS."""
     steps = os.environ.get("RECORD_PROFILE_STEPS")
     if not steps or int(os.environ.get("RANK", "0")) != 0:
         return None
@@ -109,17 +111,12 @@ def _from_environment() -> _Profile | None:
     return _Profile(int(match.group(1)), int(match.group(2)), prefix)
 
 
-_PROFILE: _Profile | None = None
-_READ = False
-
-
 def at_step(step: int) -> None:
-    """The hook the patched script calls at the top of every step (see the module docstring)."""
-    global _PROFILE, _READ
-    if not _READ:
-        _PROFILE, _READ = _from_environment(), True
-    if _PROFILE is not None:
-        _PROFILE.at_step(step)
+    """The hook the patched script calls at the top of every step (see the module docstring); the environment
+    is read at the first call."""
+    prof = _from_environment()
+    if prof is not None:
+        prof.at_step(step)
 
 
 def main(argv: list[str]) -> None:

@@ -46,7 +46,7 @@ def test_the_hook_profiles_steps_first_to_first_plus_count(tmp_path, monkeypatch
     prefix = tmp_path / "profiles" / "record88"                           # on parity.sh's PYTHONPATH
     monkeypatch.setenv("RECORD_PROFILE_STEPS", "2,2")
     monkeypatch.setenv("RECORD_PROFILE_OUT", str(prefix))
-    monkeypatch.setattr(record_profile, "_READ", False)
+    record_profile._from_environment.cache_clear()
     x = torch.randn(64, 64)
     for step in range(6):
         record_profile.at_step(step)
@@ -61,6 +61,6 @@ def test_the_hook_profiles_steps_first_to_first_plus_count(tmp_path, monkeypatch
 
 def test_a_malformed_step_range_is_refused(monkeypatch):
     monkeypatch.setenv("RECORD_PROFILE_STEPS", "3")
-    monkeypatch.setattr(record_profile, "_READ", False)
+    record_profile._from_environment.cache_clear()
     with pytest.raises(SystemExit, match="RECORD_PROFILE_STEPS must be FIRST,COUNT"):
         record_profile.at_step(0)

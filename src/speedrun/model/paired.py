@@ -74,19 +74,19 @@ def paired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Pa
     :func:`speedrun.model.rotary.apply_rotary`; backend: of :func:`speedrun.model.attention.attention`;
     layout: which heads share a slot (module docstring). Returns (T, H, Dh) in v's dtype. Raises
     ``ValueError`` for an odd H or an unknown layout."""
-    q2, k2 = (_rotated_pairs(x, cos, sin, rope, layout).type_as(v) for x in (q, k))  # (2T, H/2, Dh)
-    y = attention(q2, k2, pair_heads(v, layout), docs.doubled(), scale, window, backend=backend)
+    v2 = pair_heads(v, layout)                                        # (2T, H/2, Dh); checks H and layout
+    q2, k2 = (_rotated_pairs(x, cos, sin, rope, layout).type_as(v) for x in (q, k))
+    y = attention(q2, k2, v2, docs.doubled(), scale, window, backend=backend)
     return unpair_heads(y, layout)                                                   # (T, H, Dh)
 
 
 def _rotated_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: RopeMode,
                    layout: PairedLayout) -> torch.Tensor:
-    """x (T, H, Dh) rotated, head h by the phase 2·pos + (h mod 2), in ``layout``'s (2T, H/2, Dh)."""
+    """x (T, H, Dh) rotated, head h by the phase 2·pos + (h mod 2), in ``layout``'s (2T, H/2, Dh); H even (the
+    caller has checked it with :func:`pair_heads`)."""
     if layout == "adjacent":                                          # head 2p+e at position 2t+e, phase 2·pos+e
         return apply_rotary(pair_heads(x), cos, sin, rope)
-    tokens, heads, dim = x.shape
-    if heads % 2:
-        raise ValueError(f"paired-head attention needs an even number of heads, got {heads}")
+    tokens, heads, _ = x.shape
     # the doubled rows 2t, 2t+1 as (T, 2, R), repeated over the pairs: head h takes row 2t + h mod 2
     c, s = (table.view(tokens, 2, -1).repeat(1, heads // 2, 1) for table in (cos, sin))   # (T, H, R)
     return pair_heads(apply_rotary(x, c, s, rope), layout)            # the flat reshape: a view
