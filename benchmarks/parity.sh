@@ -34,6 +34,8 @@
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_CONFIGS (our configs of `session`, e.g. parity-record88 alone; default by record),
 # PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile),
+# PARITY_REFERENCE_PROFILE (FIRST,COUNT: phase B's run of the record profiled as by reference-profile, into
+# $ROOT/profiles/RECORD.*; its step times stay usable: medians, and only COUNT steps are traced),
 # PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
 # PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
 # A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns. The `wait`
@@ -146,7 +148,10 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
     # shellcheck disable=SC2086
     for config in "${configs[@]}"; do ours_run "$config" 2 ${PARITY_PROFILE---profile}; done   # where our time goes
-    for record in "$@"; do reference_run "$record" 2; done
+    for record in "$@"; do    # PARITY_REFERENCE_PROFILE: this run profiled too (its script was patched at start)
+        RECORD_PROFILE_STEPS=${PARITY_REFERENCE_PROFILE:-} RECORD_PROFILE_OUT=$ROOT/profiles/$record \
+            reference_run "$record" 2
+    done
     echo "summaries $(date +%T)"
     cd $ROOT/code
     for record in "$@"; do
@@ -182,7 +187,11 @@ reference-profile)   # the record's script once more, torch.profiler around step
 ours-run) ours_run "${@:2}" ;;
 session)
     shift; records=("$@"); [ ${#records[@]} -eq 0 ] && records=(record88)
-    for record in "${records[@]}"; do ours_configs "$record" > /dev/null; prepare_reference "$record"; done
+    for record in "${records[@]}"; do
+        ours_configs "$record" > /dev/null; prepare_reference "$record"
+        [ -n "${PARITY_REFERENCE_PROFILE:-}" ] && python3 benchmarks/record_profile.py patch \
+            $ROOT/$record/train_gpt.py $ROOT/$record/train_gpt.py    # the hook does nothing unless asked
+    done
     prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
     # from $ROOT: the carried tree it was started in is laid anew at the next call
