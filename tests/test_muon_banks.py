@@ -65,7 +65,7 @@ def reference_muon_step(param, grad, state, lr, momentum, nesterov, weight_decay
         dim = 1 if rows >= cols else 0
         m = state.setdefault("m", torch.zeros(rows if dim == 1 else 1, 1 if dim == 1 else cols, dtype=F64))
         m.mul_(beta2).add_((1 - beta2) * (u * u).mean(dim=dim, keepdim=True))
-        n = u / torch.sqrt(m + 1e-10)
+        n = u / torch.sqrt(m.clamp_min(1e-10))          # the records: clamp_min(1e-10).rsqrt()
         u = n * (torch.sqrt((u * u).sum()) / torch.sqrt((n * n).sum()))
     lr_eff = lr * math.sqrt(max(1.0, rows / cols))
     if cautious:

@@ -19,7 +19,7 @@ from speedrun.training.config import TrainConfig
 
 def _rows_normalized(rows, second_moments, target_norm):
     """Divide each row by sqrt(m), then rescale the whole matrix to target_norm (plain Python)."""
-    out = [[x / math.sqrt(m + 1e-10) for x in row] for row, m in zip(rows, second_moments)]
+    out = [[x / math.sqrt(max(m, 1e-10)) for x in row] for row, m in zip(rows, second_moments)]
     norm = math.sqrt(sum(x * x for row in out for x in row))
     return [[x * target_norm / norm for x in row] for row in out]
 
@@ -151,3 +151,21 @@ def test_switches_reach_the_optimizers_and_are_checked_in_the_training_settings(
         TrainConfig.from_dict({"cautious_weight_decay": "yes"})
     with pytest.raises(ValueError, match="normuon_beta2"):
         Muon([nn.Parameter(torch.zeros(2, 2))], normuon_beta2=1.5)
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (3, 32, 32)])
+def test_variance_normalization_of_a_bf16_update_keeps_bf16_and_takes_its_statistics_in_fp32(shape):
+    """The records keep the orthogonalized update in bf16 through NorMuon (record #88
+    ``_apply_normuon_variance_reduction``: the means of squares in fp32, the scale cast to bf16): ours returns
+    bf16, with the second moment as fp64 arithmetic on the same bf16 values gives it, and the update within one
+    bf16 rounding of the exact result."""
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(shape, generator=g).to(torch.bfloat16)
+    m_shape = (*shape[:-2], *second_moment_shape(shape))
+    m, m64 = torch.full(m_shape, 0.01), torch.full(m_shape, 0.01, dtype=torch.float64)
+    got = variance_normalize(u, m, 0.9)
+    exact = variance_normalize(u.double(), m64, 0.9)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(m.double(), m64, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -7, atol=0)
+    assert not torch.equal(got.double(), u.double())              # normalized, not passed through

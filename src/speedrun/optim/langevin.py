@@ -69,9 +69,10 @@ def standard_normal(shape: tuple[int, ...], seeds: list[int | None], dtype: torc
 
 def row_rms(update: torch.Tensor) -> torch.Tensor:
     """RMS of ``update`` (..., rows, cols) along NorMuon's side: (..., rows, 1) per row when rows >= cols,
-    else (..., 1, cols) per column."""
+    else (..., 1, cols) per column, in ``update``'s dtype (computed in fp32 at least)."""
     reduce_dim = -1 if update.size(-2) >= update.size(-1) else -2
-    return update.square().mean(dim=reduce_dim, keepdim=True).sqrt()
+    stats = torch.promote_types(update.dtype, torch.float32)       # bf16 updates: the mean in fp32
+    return update.to(stats).square().mean(dim=reduce_dim, keepdim=True).sqrt().to(update.dtype)
 
 
 def add_langevin_noise(update: torch.Tensor, sigma: float, noise: torch.Tensor) -> torch.Tensor:

@@ -86,19 +86,24 @@ def row_blocks(matrices: torch.Tensor, block_rows: int) -> torch.Tensor:
 def variance_normalize(update: torch.Tensor, second_moment: torch.Tensor, beta2: float,
                        eps: float = NORMUON_EPS) -> torch.Tensor:
     """NorMuon's normalization (records #41, #42, #48; speedrun-spec.md 3.2) of an orthogonalized update
-    (..., rows, cols), fp32 or fp64.
+    (..., rows, cols): bf16 on CUDA (the orthogonalization's output, as the records keep it), fp32 or fp64.
 
-    The mean of squares along the longer side (per row if rows >= cols, else per column) is averaged into
-    ``second_moment`` ((..., rows, 1) or (..., 1, cols), :func:`second_moment_shape`; updated in place:
-    ``m <- beta2·m + (1-beta2)·v``); each row (column) is divided by ``sqrt(m + eps)``, and each matrix is
-    rescaled to its Frobenius norm before the normalization. Returns a new tensor; a zero update stays zero.
+    The mean of squares along the longer side (per row if rows >= cols, else per column), in fp32 at least, is
+    averaged into ``second_moment`` ((..., rows, 1) or (..., 1, cols), :func:`second_moment_shape`; updated in
+    place: ``m <- beta2·m + (1-beta2)·v``); each row (column) is divided by ``sqrt(max(m, eps))``, and each matrix
+    is rescaled to its Frobenius norm before the normalization. Both norms come from the means of squares
+    (record #88's ``_apply_normuon_variance_reduction``): one pass over the update to read it and one to scale
+    it. Returns a new tensor of ``update``'s dtype; a zero update stays zero.
     """
     reduce_dim = -1 if update.size(-2) >= update.size(-1) else -2
-    second_moment.lerp_(update.square().mean(dim=reduce_dim, keepdim=True), 1.0 - beta2)
-    normalized = update * torch.rsqrt(second_moment + eps)
-    scale = (torch.linalg.matrix_norm(update, keepdim=True)
-             / torch.linalg.matrix_norm(normalized, keepdim=True).clamp_min(1e-30))
-    return normalized * scale
+    size = update.size(reduce_dim)
+    stats = torch.promote_types(update.dtype, torch.float32)
+    mean_sq = update.to(stats).square().mean(dim=reduce_dim, keepdim=True)           # (..., rows, 1) or (..., 1, cols)
+    norm = mean_sq.sum(dim=(-2, -1), keepdim=True).mul(size).sqrt()                    # ‖u‖_F, (..., 1, 1)
+    second_moment.lerp_(mean_sq.to(second_moment.dtype), 1.0 - beta2)
+    step = second_moment.clamp_min(eps).rsqrt().to(stats)
+    new_norm = (mean_sq * step.square()).sum(dim=(-2, -1), keepdim=True).mul(size).sqrt()  # ‖u·step‖_F
+    return update * (step * (norm / new_norm.clamp_min(eps))).to(update.dtype)
 
 
 def working_dtype(param_dtype: torch.dtype) -> torch.dtype:
@@ -117,14 +122,15 @@ def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
                  cautious: bool, decay_lr: float | None = None) -> None:
     """In place on ``param`` (..., rows, cols), any float dtype, with the ``update`` of its shape in the
-    working dtype (:func:`working_dtype`):
+    working dtype (:func:`working_dtype`) or bf16 (the records' update on CUDA; the mask and the step are then
+    computed in ``param``'s dtype):
     weight decay (cautious, record #43, or decoupled) and the step ``-lr·μ·update``, μ from
     :func:`muon_lr_multiplier`. The cautious decay is ``decay_lr·λ·lr·μ`` times the masked weight, with
     ``decay_lr`` the scheduled lr without the group's lr factor (records #43-#89: their ``eff_wd = wd·lr``
     against the step's ``lr_mul·per_matrix_lr_mul·lr``; record #88 L892-895); None: ``lr``."""
     lr_eff = lr * muon_lr_multiplier(param.shape)
     if weight_decay and cautious:
-        mask = cautious_mask(update, param.to(update.dtype))
+        mask = cautious_mask(update, param)
         param.sub_((param * mask).mul_((lr if decay_lr is None else decay_lr) * weight_decay * lr_eff))
     elif weight_decay:
         param.mul_(1.0 - lr * weight_decay)
@@ -273,7 +279,8 @@ class Muon(torch.optim.Optimizer):
         params = stack_padded(owned, slots, bank.shape, first.dtype, first.device)
         momentum_update = MOMENTUM_UPDATES[group.get("momentum_form", "ema")]
         direction = momentum_update(grad, state.momentum, group["momentum"], group["nesterov"])
-        update = orthogonalize(row_blocks(direction, block_rows), group["orthogonalizer"]).to(grad.dtype)
+        # bf16 on CUDA from here on, as the records' update (the weight step itself in the working dtype)
+        update = orthogonalize(row_blocks(direction, block_rows), group["orthogonalizer"])
         if group["normuon_beta2"] is not None:                    # (k·blocks, b, cols) from here on
             second_moment = state.second_moment.view(-1, *state.second_moment.shape[-2:])
             update = variance_normalize(update, second_moment, group["normuon_beta2"])
@@ -281,7 +288,7 @@ class Muon(torch.optim.Optimizer):
             seeds = [matrix_seed(group["langevin_seed"], group.get("update_count", 0), bank.group_index,
                                  bank.param_indices[start + j]) if start + j < len(bank.params) else None
                      for j in range(slots)]
-            noise = standard_normal(bank.shape, seeds, grad.dtype, first.device)
+            noise = standard_normal(bank.shape, seeds, update.dtype, first.device)
             update = add_langevin_noise(update, group["langevin_sigma"], row_blocks(noise, block_rows))
         settings = (group["lr"], group["weight_decay"], group["cautious_weight_decay"],
                     group["lr"] / group.get("lr_mul", 1.0))
