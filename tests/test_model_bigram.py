@@ -20,13 +20,15 @@ HEAD_VB = 50304 * 15 // 2
 
 
 def test_bigram_ids_by_hand():
-    # position 0: the reserved id V_b - 1 = 377279; then ((36313·x[t]) XOR (27191·x[t-1])) mod 377279:
-    # t=1: 363130 XOR 1366510896 = 1366738762 -> 234224; t=2: 1826652839 XOR 271910 = 1826923649 -> 138731;
-    # t=3: 0 XOR 1367788873 -> 152498; t=4: 254191 XOR 0 -> 254191 (below the modulus).
+    # position 0: the reserved id V_b - 1 = 377279; then ((36313·x[t]) XOR (27191·p[t-1])) mod 377279, where
+    # p is x with p[0] = 377279 (the records write it in place first): t=1: 363130 XOR (27191·377279 wrapped to
+    # int32: 1668658697) = 1668299891 -> 349432 (x[0] = 50256 would give 234224); t=2: 1826652839 XOR 271910 =
+    # 1826923649 -> 138731; t=3: 0 XOR 1367788873 -> 152498; t=4: 254191 XOR 0 -> 254191 (below the modulus).
     assert HEAD_VB == 377280
-    assert (36313 * 10) ^ (27191 * 50256) == 1366738762 and 1366738762 % 377279 == 234224
+    assert (27191 * 377279) % 2 ** 32 == 1668658697 and (36313 * 10) ^ 1668658697 == 1668299891
+    assert 1668299891 % 377279 == 349432
     got = bigram_hash(torch.tensor(TOKENS, dtype=torch.int32), HEAD_VB)
-    assert got.tolist() == [377279, 234224, 138731, 152498, 254191]
+    assert got.tolist() == [377279, 349432, 138731, 152498, 254191]
     assert bigram_hash(torch.tensor([3, 3]), 2).tolist() == [1, 0]                # mod 1: everything is 0
 
 
@@ -35,7 +37,8 @@ def test_bigram_ids_wrap_like_int32_products():
     record's int32 tensors do, and numpy's % is floored like torch's."""
     tokens = np.array([65535, 60000, 1, 65535, 59139], dtype=np.int32)
     with np.errstate(over="ignore"):
-        mixed = (np.int32(36313) * tokens[1:]) ^ (np.int32(27191) * tokens[:-1])
+        previous = np.concatenate(([np.int32(999)], tokens[1:-1]))                 # the reserved id at 0
+        mixed = (np.int32(36313) * tokens[1:]) ^ (np.int32(27191) * previous)
     assert (mixed < 0).any()                                                     # the wrap happens
     expected = [999] + (mixed % np.int32(999)).tolist()
     assert bigram_hash(torch.from_numpy(tokens), 1000).tolist() == expected
@@ -59,7 +62,7 @@ def test_bigram_embedding_is_the_signed_table_row():
     with torch.no_grad():
         emb.table.normal_()
     tokens = torch.tensor([4, 9, 9, 2], dtype=torch.int32)
-    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([4, 9, 9], [9, 9, 2])]
+    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([10, 9, 9], [9, 9, 2])]  # 1 pairs with 10
     rows = [0] + [a ^ b for a, b in zip([4, 9, 9], [9, 9, 2])]
     expected = emb.table[ids] * sign_table(8192, 6).double()[rows]
     torch.testing.assert_close(emb(tokens), expected, rtol=0, atol=0)
@@ -85,7 +88,8 @@ def test_the_gated_bigram_enters_at_the_start_and_after_each_attention_sublayer(
         model.bigram.gates.copy_(torch.tensor([0.7, -1.3], dtype=torch.float64))
     tokens = torch.tensor([5, 1, 60, 60, 3, 0, 9], dtype=torch.int32)
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
-    ids = [36] + [((36313 * b) ^ (27191 * a)) % 36 for a, b in zip(tokens[:-1].tolist(), tokens[1:].tolist())]
+    previous = [36] + tokens[1:-1].tolist()                       # the reserved id before position 1
+    ids = [36] + [((36313 * b) ^ (27191 * a)) % 36 for a, b in zip(previous, tokens[1:].tolist())]
     rows = [0] + [a ^ b for a, b in zip(tokens[:-1].tolist(), tokens[1:].tolist())]
     bigram = model.bigram.table[ids] * sign_table(8192, 16).double()[rows]
     context = model.attention_context(PackedDocuments(cu, 7))
@@ -118,7 +122,7 @@ def test_a_narrow_bigram_table_fills_the_first_bigram_dim_channels_only():
     with torch.no_grad():
         emb.table.normal_()
     tokens = torch.tensor([4, 9, 9, 2], dtype=torch.int32)
-    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([4, 9, 9], [9, 9, 2])]
+    ids = [10] + [((36313 * b) ^ (27191 * a)) % 10 for a, b in zip([10, 9, 9], [9, 9, 2])]  # 1 pairs with 10
     rows = [0] + [a ^ b for a, b in zip([4, 9, 9], [9, 9, 2])]
     out = emb(tokens)
     assert out.shape == (4, 6) and not out[:, 4:].any()
@@ -165,3 +169,27 @@ def test_bigram_dim_must_fit_the_stream():
     assert build_model_config("record88").bigram_dim == 192 and build_model_config("record89").bigram_dim is None
     with pytest.raises(SpeedrunError, match=r"model\.bigram_dim must be null \(model_dim\) or an integer in 1\.\.64"):
         build_model_config("tiny", {"bigram_dim": 65})
+
+
+@pytest.mark.parametrize("record", ["record83", "record87", "record88", "head"])
+def test_bigram_ids_equal_the_records_own_get_bigram_hash(record):
+    """Each record's ``get_bigram_hash``, read from ../shared/reference-code at test time (its pinned host
+    buffer made a plain one: this machine has no CUDA), against ours on tokens of the whole GPT-2 range (int32
+    wrap included); skipped where ../shared is absent."""
+    import ast
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    script = Path(__file__).resolve().parents[2] / "shared" / "reference-code" / record / "train_gpt.py"
+    if not script.is_file():
+        pytest.skip(f"{script} is not here")
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_bigram_hash"]
+    source = ast.unparse(function).replace("pin_memory=True", "pin_memory=False")
+    vocab = (50304 * 15 // 2) if record == "head" else 50304 * 15
+    namespace = {"torch": torch, "args": SimpleNamespace(bigram_vocab_size=vocab)}
+    exec(source, namespace)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 65536, (4096,), generator=g, dtype=torch.int32)
+    tokens[:3] = torch.tensor([50256, 65535, 7], dtype=torch.int32)
+    torch.testing.assert_close(bigram_hash(tokens, vocab), namespace["get_bigram_hash"](tokens).long(), rtol=0, atol=0)

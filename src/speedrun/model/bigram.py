@@ -46,15 +46,19 @@ def _wrap_int32(values: torch.Tensor) -> torch.Tensor:
 def bigram_hash(inputs: torch.Tensor, bigram_vocab_size: int) -> torch.Tensor:
     """(T,) int64 bigram ids in 0..V_b-1 of the token ids ``inputs`` (T,) (any integer dtype, >= 0).
 
-    Position 0: V_b - 1. Position t >= 1: ``((36313·x[t]) XOR (27191·x[t-1])) mod (V_b - 1)``, the products
-    wrapped to int32 as the record's int32 tensors do (no wrap for ids below 2^31/36313 = 59,138, so never
-    for the GPT-2 vocabulary) and ``mod`` the floored one (non-negative). Computed on ``inputs``' device.
+    Position 0: V_b - 1. Position t >= 1: ``((36313·x[t]) XOR (27191·p[t-1])) mod (V_b - 1)`` with p the
+    ids after position 0 is set: p[0] = V_b - 1, p[t] = x[t] (records #83-#89 ``get_bigram_hash`` write the
+    reserved id in place before hashing, so position 1 pairs with it, not with x[0]); the products wrapped
+    to int32 as the record's int32 tensors do (no wrap for ids below 2^31/36313 = 59,138, so never for the
+    GPT-2 vocabulary, but 27191·(V_b - 1) wraps) and ``mod`` the floored one (non-negative). Computed on
+    ``inputs``' device.
     """
     if bigram_vocab_size < 2:
         raise ValueError(f"bigram_vocab_size must be >= 2, got {bigram_vocab_size}")
     x = inputs.to(torch.int64)
     mod = bigram_vocab_size - 1
-    mixed = torch.bitwise_xor(_wrap_int32(HASH_CURRENT * x[1:]), _wrap_int32(HASH_PREVIOUS * x[:-1]))
+    previous = torch.cat((x.new_full((1,), mod), x[1:-1]))               # p[0..T-2], p[0] the reserved id
+    mixed = torch.bitwise_xor(_wrap_int32(HASH_CURRENT * x[1:]), _wrap_int32(HASH_PREVIOUS * previous))
     return torch.cat((x.new_full((1,), mod), mixed % mod))
 
 
