@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 import torch
 
+from speedrun.kernels import optional_kernel
 from speedrun.optim.banks import Bank, BankState, bind_bank_state, make_banks, stack_padded, write_back
 from speedrun.optim.langevin import add_langevin_noise, matrix_seed, standard_normal
 from speedrun.optim.orthogonalize import ORTHOGONALIZERS, Orthogonalizer, orthogonalize
@@ -40,6 +41,7 @@ from speedrun.optim.precision import join_bf16, split_fp32_
 from speedrun.optim.sharding import Communicator, Pending, distributed_world, shard_bounds
 
 NORMUON_EPS = 1e-10
+_FUSED_UPDATE = optional_kernel("muon_update", "muon_update_")       # None without the triton package
 
 
 def muon_lr_multiplier(shape: torch.Size | tuple[int, ...]) -> float:
@@ -119,6 +121,17 @@ def cautious_mask(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return (update * param) >= 0
 
 
+def step_factors(shape: torch.Size | tuple[int, ...], lr: float, weight_decay: float, cautious: bool,
+                 decay_lr: float | None = None) -> tuple[float, float, float]:
+    """``(lr_eff, decay, shrink)`` of :func:`apply_update` for a (..., rows, cols) parameter: the step's
+    ``lr·μ`` (μ from :func:`muon_lr_multiplier`), the cautious decay's factor ``decay_lr·λ·lr·μ`` (0 without
+    cautious decay) and the decoupled decay's ``1 - lr·λ`` (1 without it)."""
+    lr_eff = lr * muon_lr_multiplier(shape)
+    decay = (lr if decay_lr is None else decay_lr) * weight_decay * lr_eff if weight_decay and cautious else 0.0
+    shrink = 1.0 - lr * weight_decay if weight_decay and not cautious else 1.0
+    return lr_eff, decay, shrink
+
+
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
                  cautious: bool, decay_lr: float | None = None) -> None:
     """In place on ``param`` (..., rows, cols), any float dtype, with the ``update`` of its shape in the
@@ -127,13 +140,14 @@ def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_de
     weight decay (cautious, record #43, or decoupled) and the step ``-lr·μ·update``, μ from
     :func:`muon_lr_multiplier`. The cautious decay is ``decay_lr·λ·lr·μ`` times the masked weight, with
     ``decay_lr`` the scheduled lr without the group's lr factor (records #43-#89: their ``eff_wd = wd·lr``
-    against the step's ``lr_mul·per_matrix_lr_mul·lr``; record #88 L892-895); None: ``lr``."""
-    lr_eff = lr * muon_lr_multiplier(param.shape)
-    if weight_decay and cautious:
-        mask = cautious_mask(update, param)
-        param.sub_((param * mask).mul_((lr if decay_lr is None else decay_lr) * weight_decay * lr_eff))
-    elif weight_decay:
-        param.mul_(1.0 - lr * weight_decay)
+    against the step's ``lr_mul·per_matrix_lr_mul·lr``; record #88 L892-895); None: ``lr``
+    (:func:`step_factors`). On CUDA, bf16 weights with their mantissa take the same step in one kernel
+    (:func:`speedrun.kernels.muon_update.muon_update_`)."""
+    lr_eff, decay, shrink = step_factors(param.shape, lr, weight_decay, cautious, decay_lr)
+    if decay:
+        param.sub_((param * cautious_mask(update, param)).mul_(decay))
+    elif shrink != 1.0:
+        param.mul_(shrink)
     param.add_(update.to(param.dtype), alpha=-lr_eff)
 
 
@@ -294,6 +308,10 @@ class Muon(torch.optim.Optimizer):
                     group["lr"] / group.get("lr_mul", 1.0))
         if state.mantissa is None:
             apply_update(row_blocks(params, block_rows), update, *settings)
+            return params
+        if _FUSED_UPDATE is not None and params.is_cuda:           # one pass, as the records' compiled step
+            factors = step_factors(row_blocks(params, block_rows).shape, *settings)
+            _FUSED_UPDATE(params, state.mantissa, update.contiguous().view(params.shape), *factors)
             return params
         precise = join_bf16(params, state.mantissa)              # bf16 weights: updated as fp32 (record #57)
         apply_update(row_blocks(precise, block_rows), update, *settings)
