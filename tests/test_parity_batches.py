@@ -1,7 +1,8 @@
 """The parity benchmark trains both sides on the same batches: our BOS-aligned loader, fed by benchmarks/parity.sh's
 data (speedrun tokenize --pretokenized of the files laid out for the records), gives every micro-batch of the
 parity schedule exactly as record #88's own ``distributed_data_generator`` does from those files (inputs,
-targets, document boundaries), over 50 steps: a batch-size stage change and two shard boundaries. So a difference of the
+targets, document boundaries), over all 120 steps: both batch-size stage changes, the extension and seven shard
+boundaries. So a difference of the
 parity runs' losses is the model's and the optimizer's, not the data's.
 
 The record's loader is read from ../shared/reference-code/record88/train_gpt.py at test time (its functions
@@ -38,7 +39,8 @@ TOOLS = SHARED / "reference-code" / "tools"
 RECORD88 = SHARED / "reference-code" / "record88" / "train_gpt.py"
 LOADER_NAMES = {"_load_data_shard", "Shard", "distributed_data_generator", "next_multiple_of_n", "BOS_ID",
                 "TRAIN_MAX_NUM_DOCS"}
-STEPS = 50                  # stage 1 (131,072 tokens, documents cut at 896) to step 34, then 262,144 and 2,048
+STEPS = 120                 # 131,072 tokens (documents cut at 896) to step 34, 262,144 and 2,048 to 69, then 393,216
+COPIES = 12                 # parity.sh's: the loaders cut documents at max_seq_len, so 4 copies feed only 79 steps
 
 pytestmark = pytest.mark.skipif(not (DD / "debiandocs_train_000001.bin").exists() or not RECORD88.exists()
                                 or not (TOOLS / "lay_out_data.py").exists(),
@@ -93,12 +95,12 @@ def _records_loader() -> dict:
 
 @pytest.fixture(scope="module")
 def laid_out(tmp_path_factory) -> tuple[Path, Path]:
-    """Three copies of debian-docs' train shard as the records read them, and our shards and BOS index of those
+    """COPIES copies of debian-docs' train shard as the records read them, and our shards and BOS index of those
     very files (parity.sh's prepare_ours, by its commands)."""
     root = tmp_path_factory.mktemp("parity")
     run = lambda *cmd: subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)  # noqa: E731
     run(sys.executable, str(TOOLS / "lay_out_data.py"), str(DD / "debiandocs_val_000000.bin"),
-        str(DD / "debiandocs_train_000001.bin"), str(root / "data"), "--copies", "3")
+        str(DD / "debiandocs_train_000001.bin"), str(root / "data"), "--copies", str(COPIES))
     files = root / "data" / "data" / "fineweb10B"
     run(sys.executable, "-m", "speedrun", "tokenize", "--pretokenized", str(files / "fineweb_val_000000.bin"),
         *sorted(str(f) for f in files.glob("fineweb_train_*.bin")), "--allow-repeats",
@@ -114,13 +116,14 @@ def test_our_parity_batches_are_record88s_own(laid_out):
     config = TrainConfig.from_dict({**settings, "device": "cpu", "compile": False, "model": {}})  # the schedule
     accumulation = config.micro_batches
     assert accumulation == 8 and config.batch_at(0) == (131072, 896) and config.batch_at(35) == (262144, 2048)
+    assert config.batch_at(70) == config.batch_at(119) == (393216, 2048) and config.steps == STEPS
 
     record = _records_loader()
     tokens, seq_len = config.batch_at(0)
     theirs = record["distributed_data_generator"](str(files / "fineweb_train_*.bin"), tokens, seq_len,
                                                   grad_accum_steps=accumulation)
     data = load_training_data(ours / "shards", ours / "bos")
-    assert len(data.train_shards) == 3
+    assert len(data.train_shards) == COPIES
     loader = BosAlignedBatches(data.train_shards, data.train_bos, tokens // accumulation, seq_len)
     shard_of_step = []
     for step in range(STEPS):
@@ -140,7 +143,7 @@ def test_our_parity_batches_are_record88s_own(laid_out):
             assert np.array_equal(mb.cu_seqlens, padded[:n]) and (padded[n:] == tokens // accumulation).all(), where
         shard_of_step.append(loader._planner.shard)                  # the copy this step read
     assert loader.steps_drawn == STEPS
-    assert shard_of_step[0] == 0 and shard_of_step[-1] == 2     # both shard boundaries crossed
+    assert shard_of_step[0] == 0 and shard_of_step[-1] == 7     # seven shard boundaries crossed
 
 
 def test_our_parity_validation_scores_record88s_own_chunks(laid_out):
