@@ -282,6 +282,20 @@ def _patched_schedule(record: str, tmp_path: Path, monkeypatch) -> dict:
     return namespace
 
 
+def _step_settings_agree(train, ref: dict, step: int) -> float | None:
+    """Assert that our config ``train`` has the batch, windows, lr factor, Muon momentum and MTP weights of the
+    patched script's schedule (``ref``, :func:`_patched_schedule`) at ``step``; return our prefix weight."""
+    schedule, staged = ref["training_schedule"], train.schedule.staged_schedule
+    stage, _ = schedule.lookup(step)
+    assert train.batch_at(step) == (stage.batch_size, stage.train_max_seq_len), step
+    assert train.window_blocks_at(step) == tuple(stage.window_sizes), step
+    assert staged.lr_factor(step) == pytest.approx(schedule.get_lr(step), abs=1e-12), step
+    assert staged.muon_momentum(step) == pytest.approx(ref["get_muon_momentum"](step), abs=1e-12), step
+    mtp, prefix = train.loss_weights_at(step)
+    assert mtp == pytest.approx(schedule.mtp_weights[step].tolist(), abs=1e-6), step
+    return prefix
+
+
 def test_parity_record87_is_the_patched_scripts_compressed_schedule(tmp_path, monkeypatch):
     """benchmarks/configs/parity-record87.yaml against record #87's script as parity.sh runs it (patch_schedule.py
     and SCHED, executed: :func:`_patched_schedule`): the same steps, stage boundaries, batch, windows, lr factor,
@@ -303,13 +317,7 @@ def test_parity_record87_is_the_patched_scripts_compressed_schedule(tmp_path, mo
     assert train.micro_batches == ref["grad_accum_steps"] == 8
     sched = train.schedule_config()
     for step in range(schedule.total_steps):
-        stage, _ = schedule.lookup(step)
-        assert train.batch_at(step) == (stage.batch_size, stage.train_max_seq_len), step
-        assert train.window_blocks_at(step) == tuple(stage.window_sizes), step
-        assert staged.lr_factor(step) == pytest.approx(schedule.get_lr(step), abs=1e-12), step
-        assert staged.muon_momentum(step) == pytest.approx(ref["get_muon_momentum"](step), abs=1e-12), step
-        mtp, prefix = train.loss_weights_at(step)
-        assert mtp == pytest.approx(schedule.mtp_weights[step].tolist(), abs=1e-6) and prefix is None, step
+        assert _step_settings_agree(train, ref, step) is None, step                  # no prefix loss in #87
         sigma = langevin_sigma(step, sched.steps, sched.cooldown_frac, train.optimizer.langevin_noise,
                                warmup_steps=sched.langevin_warmup_steps, end_step=sched.langevin_end_step)
         assert sigma == pytest.approx(ref["get_normuon_noise_scale"](step), abs=1e-12), step
@@ -443,13 +451,7 @@ def test_parity_record88_and_head_are_the_patched_scripts_compressed_schedule(re
                                                                                    train.steps)
     assert staged.boundaries() == [start for start, _ in schedule.boundaries] + [schedule.total_steps]
     for step in range(schedule.total_steps):
-        stage, _ = schedule.lookup(step)
-        assert train.batch_at(step) == (stage.batch_size, stage.train_max_seq_len), step
-        assert train.window_blocks_at(step) == tuple(stage.window_sizes), step
-        assert staged.lr_factor(step) == pytest.approx(schedule.get_lr(step), abs=1e-12), step
-        assert staged.muon_momentum(step) == pytest.approx(ref["get_muon_momentum"](step), abs=1e-12), step
-        mtp, prefix = train.loss_weights_at(step)
-        assert mtp == pytest.approx(schedule.mtp_weights[step].tolist(), abs=1e-6), step
+        prefix = _step_settings_agree(train, ref, step)
         assert prefix == pytest.approx(schedule.prefix_weights[step].item(), abs=1e-6), step
     assert train.window_blocks_at(120) == (schedule.stages[-1].window_sizes[0], schedule.ws_post_yarn_ext)
     # the script's split_step is the last tied update (copy_lm_state_to_embed after its step); ours unties
