@@ -79,14 +79,18 @@ def test_polar_express_lands_near_the_polar_factor(shape):
     assert torch.linalg.matrix_norm(out - u @ vh) / math.sqrt(min(shape)) < 0.1
 
 
-def test_tall_matrices_are_processed_as_their_transpose_and_zero_stays_zero():
+def test_tall_matrices_map_like_their_transpose_keep_their_layout_and_zero_stays_zero():
+    """A tall matrix multiplies its small Gram matrix XᵀX on the right (record #88): the same polynomial as its
+    transpose's, in float64 to rounding, and the result is contiguous, a stack of them too."""
     g = torch.Generator().manual_seed(2)
-    grad = torch.randn(80, 20, generator=g, dtype=torch.float64)
+    grad = torch.randn(3, 80, 20, generator=g, dtype=torch.float64)
     for method in ("newton_schulz", "polar_express"):
         tall = orthogonalize(grad, method, dtype=torch.float64)
-        wide = orthogonalize(grad.T, method, dtype=torch.float64)
-        torch.testing.assert_close(tall, wide.T)
+        wide = orthogonalize(grad.mT, method, dtype=torch.float64)
+        torch.testing.assert_close(tall, wide.mT, rtol=1e-10, atol=1e-12)
+        assert tall.is_contiguous() and tall.shape == (3, 80, 20)
         assert torch.count_nonzero(orthogonalize(torch.zeros(4, 6), method)) == 0
+        assert torch.count_nonzero(orthogonalize(torch.zeros(6, 4), method)) == 0
 
 
 def test_nesterov_momentum_by_hand():

@@ -10,8 +10,10 @@ p(s) = a s + b s³ + c s⁵ at each iteration, while the singular vectors stay p
 * Polar Express (Amsel et al. 2025; record #38): 5 iterations with per-iteration coefficients (the table
   below, speedrun-spec.md 3.1), normalizing by ‖G‖_F · 1.02; singular values end near 1.
 
-A tall matrix (rows > cols) is processed as its transpose so that X Xᵀ is the smaller Gram matrix. A stack
-of matrices (..., rows, cols) is processed in one batch (the parameter banks of records #48, #56, #61).
+A tall matrix (rows > cols) takes the smaller Gram matrix XᵀX and multiplies on the right, X <- a X + X (b A +
+c A²) with A = XᵀX (the same polynomial in X's singular values; record #88's ``polar_express``), so no transposed
+copy is made and the result keeps X's layout. A stack of matrices (..., rows, cols) is processed in one batch (the
+parameter banks of records #48, #56, #61).
 """
 
 from __future__ import annotations
@@ -60,14 +62,16 @@ def orthogonalize(grad: torch.Tensor, method: Orthogonalizer = "polar_express",
         dtype = torch.bfloat16 if grad.is_cuda else torch.promote_types(grad.dtype, torch.float32)
     coefficients, factor, eps = orthogonalization_schedule(method)
     tall = grad.size(-2) > grad.size(-1)
-    x = grad.mT if tall else grad                                   # (..., m, n), m <= n
-    batch_shape = x.shape[:-2]
-    x = x.reshape(-1, *x.shape[-2:])                                # (B, m, n)
+    x = grad.reshape(-1, *grad.shape[-2:])                          # (B, rows, cols)
     norm = torch.linalg.matrix_norm(x.to(torch.promote_types(x.dtype, torch.float32)), keepdim=True)
     x = (x / (norm * factor + eps).to(x.dtype)).to(dtype)
     for a, b, c in coefficients:
-        gram = torch.bmm(x, x.mT)                                   # (B, m, m)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)     # b·A + c·A²
-        x = torch.baddbmm(x, poly, x, beta=a)                       # a·X + (b·A + c·A²)·X
-    x = x.reshape(*batch_shape, *x.shape[-2:])
-    return x.mT if tall else x
+        if tall:
+            gram = torch.bmm(x.mT, x)                               # A = XᵀX (B, cols, cols)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) # b·A + c·A²
+            x = torch.baddbmm(x, x, poly, beta=a)                   # a·X + X·(b·A + c·A²)
+        else:
+            gram = torch.bmm(x, x.mT)                               # A = XXᵀ (B, rows, rows)
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.baddbmm(x, poly, x, beta=a)                   # a·X + (b·A + c·A²)·X
+    return x.reshape(grad.shape)
