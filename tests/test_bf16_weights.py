@@ -280,9 +280,10 @@ def test_a_cpu_run_with_bf16_weights_trains_them_in_bf16(synthetic, tmp_path, mo
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_split_join_and_muon_on_bf16_weights_match_the_cpu():
-    """The bit arithmetic on CUDA gives the CPU's bits, and a CUDA Muon step on bf16 weights keeps the exact
-    fp32 weight of a CUDA Muon step on fp32 copies (the orthogonalization runs in bf16 on CUDA, on the same
-    inputs on both sides)."""
+    """The bit arithmetic on CUDA gives the CPU's bits, and a CUDA Muon step on bf16 weights (one fused pass,
+    speedrun.kernels.muon_update) keeps the fp32 weight of a CUDA Muon step on fp32 copies (the eager step) to a
+    few fp32 ulps: the same update on both sides (the orthogonalization in bf16 on the same inputs), the step's
+    multiply-adds contracted only in the kernel; the step itself is about 1e-3 of a weight."""
     x = _values()
     pairs = {}
     for device in ("cpu", "cuda"):
@@ -305,8 +306,10 @@ def test_cuda_split_join_and_muon_on_bf16_weights_match_the_cpu():
             a.grad, b.grad = grad.float(), grad
         opt32.step()
         opt16.step()
-    for a, b in zip(fp32, bf16):
-        assert torch.equal(join_bf16(b.detach(), opt16.state[b]["mantissa"]), a.detach())
+    for a, b, w in zip(fp32, bf16, start):
+        joined, want = join_bf16(b.detach(), opt16.state[b]["mantissa"]), a.detach()
+        assert ((joined - want).abs() <= 8 * torch.finfo(torch.float32).eps * (want.abs() + 0.05)).all()
+        assert (want - w.float()).abs().max() > 1e-3                         # the three steps moved the weights
 
 
 @pytest.mark.gpu

@@ -59,12 +59,13 @@ def interpreted(tmp_path_factory) -> dict:
 
 def assert_same_step(fused, eager, case):
     """The kernel's fp32 weights against the eager step's: the same fp32 operations up to their rounding (the
-    eager CPU add is a fused multiply-add, the interpreter's is not), so a few fp32 ulps of the step's operands
-    (|x| <= 0.5, lr·|u| <= 0.25) apart, and most of them equal; the decay's term alone is about 1e-4."""
+    eager CPU add is a fused multiply-add, the interpreter's is not; on a GPU the kernel contracts both
+    multiply-adds), so a few fp32 ulps of the step's operands (|x| <= 0.5, lr·|u| <= 0.25) apart, and many of
+    them equal (H100: 46 % after three decoupled steps); the decay's term alone is about 1e-4."""
     (p, low), (p_ref, low_ref) = fused, eager
     got, want = join_bf16(p, low), join_bf16(p_ref, low_ref)
     assert ((got - want).abs() <= 4 * torch.finfo(torch.float32).eps * (want.abs() + 0.25)).all()
-    assert (got == want).float().mean() > 0.5
+    assert (got == want).float().mean() > 0.25
     shape, update_dtype, decay, cautious = case
     start = run_case(shape, update_dtype, decay, cautious, fused=False, steps=0)
     assert not torch.equal(join_bf16(*start), want)                       # the steps moved the weights

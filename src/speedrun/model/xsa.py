@@ -30,16 +30,17 @@ NORM_EPS = 1e-4
 def xsa(y: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor, form: XsaForm = "projection") -> torch.Tensor:
     """y (T, H, Dh) attention output, v (T, H, Dh) the values it read, alpha (H,) or (T, H) raw strengths
     (before tanh): returns (T, H, Dh) in y's dtype, y minus tanh(alpha) times its projection on each head's
-    own value. Raises ``ValueError`` for an unknown form or mismatched shapes."""
+    own value (CUDA autocast runs the sums in fp32; the result is cast back, as the records' bf16 XSA keeps
+    y's dtype). Raises ``ValueError`` for an unknown form or mismatched shapes."""
     if y.shape != v.shape or y.ndim != 3:
         raise ValueError(f"xsa needs y and v of one (T, H, Dh) shape, got {tuple(y.shape)} and {tuple(v.shape)}")
     strength = torch.tanh(alpha).type_as(y).unsqueeze(-1)                     # (H, 1) or (T, H, 1)
     v = v.type_as(y)
     if form == "normalized":
         unit = F.normalize(v, dim=-1, eps=NORM_EPS)
-        return y - strength * (y * unit).sum(-1, keepdim=True) * unit
+        return (y - strength * (y * unit).sum(-1, keepdim=True) * unit).type_as(y)
     if form == "projection":
         dot = (y * v).sum(-1, keepdim=True)                                   # (T, H, 1)
         denom = v.square().sum(-1, keepdim=True).clamp_min(NORM_EPS ** 2)
-        return y - strength * (dot / denom) * v
+        return (y - strength * (dot / denom) * v).type_as(y)
     raise ValueError(f"unknown xsa form {form!r}; expected normalized or projection")
