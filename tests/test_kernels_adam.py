@@ -14,7 +14,7 @@ import torch
 
 from speedrun.errors import SpeedrunError
 from speedrun.optim.adam import CautiousAdam
-from triton_interpreter import interpreted_results
+from triton_interpreter import interpreted_fixture
 
 CASES = {  # name: (numel, dtype, weight decay)
     "fp32-decay": (5000, torch.float32, 5.0),
@@ -59,9 +59,7 @@ def _interpreter_child(out_path: Path) -> None:
     torch.save(results, out_path)
 
 
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory) -> dict:
-    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
+interpreted = interpreted_fixture(__file__)
 
 
 def assert_same_update(fused, eager, case, steps=3, rounds_to_nearest=True):

@@ -16,7 +16,7 @@ import torch
 from speedrun.errors import SpeedrunError
 from speedrun.optim.muon import apply_update, step_factors
 from speedrun.optim.precision import join_bf16, split_fp32_
-from triton_interpreter import interpreted_results
+from triton_interpreter import interpreted_fixture
 
 CASES = {  # name: (shape, update dtype, weight decay, cautious)
     "cautious-bf16": ((3, 96, 32), torch.bfloat16, 1.2, True),
@@ -52,9 +52,7 @@ def _interpreter_child(out_path: Path) -> None:
                 for name, case in CASES.items()}, out_path)
 
 
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory) -> dict:
-    return interpreted_results(__file__, tmp_path_factory.mktemp("interpreter"))
+interpreted = interpreted_fixture(__file__)
 
 
 def assert_same_step(fused, eager, case):

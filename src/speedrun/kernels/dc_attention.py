@@ -219,11 +219,16 @@ class _DCCorrection(torch.autograd.Function):
         return g, dq, dk, dv, du, dw2, None, None, None
 
 
+def _takes_head_dim(head_dim: int) -> bool:
+    """head_dim a power of two >= 16: the tiles' dot products."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def takes_shape(head_dim: int, window: int) -> bool:
     """Whether :func:`dc_correction` takes heads of ``head_dim`` and a window of ``window`` tokens (>= 1):
     head_dim a power of two >= 16 (the tiles' dot products), window <= 128 (one key block before the
     query block)."""
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and window <= MAX_WINDOW
+    return _takes_head_dim(head_dim) and window <= MAX_WINDOW
 
 
 def dc_correction(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor,
@@ -246,8 +251,8 @@ def dc_correction(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     require(q.dtype in _DTYPES and all(t.dtype == q.dtype for t in (y, k, v)),
            f"dc_correction: y, q, k, v must share one dtype of bfloat16, float16 or float32, got "
            f"{[t.dtype for t in (y, q, k, v)]}")
-    require(Dh >= 16 and Dh & (Dh - 1) == 0, f"dc_correction: head_dim must be a power of two >= 16, got {Dh}")
-    require(isinstance(window, int) and window >= 1 and takes_shape(Dh, window),
+    require(_takes_head_dim(Dh), f"dc_correction: head_dim must be a power of two >= 16, got {Dh}")
+    require(isinstance(window, int) and 1 <= window <= MAX_WINDOW,
            f"dc_correction: window must be an int in 1..{MAX_WINDOW} tokens, got {window!r}")
     require(u.shape == (T, H) and w2.shape == (T, H) and starts.shape == (T,),
            f"dc_correction: u, w2 must be (T, H) = {(T, H)} and starts (T,), got {tuple(u.shape)}, "

@@ -13,7 +13,8 @@ cautious decay and the step, the halves written back). Per element, in fp32:
     x <- x - lr·update
     p  = upper half of x (x truncated towards zero), mantissa = lower half
 
-``decay``, ``shrink`` and ``lr`` are computed by the caller (:func:`speedrun.optim.muon.apply_update`'s).
+``decay``, ``shrink`` and ``lr`` are computed by the caller (:func:`speedrun.optim.muon.step_factors`, which the
+eager step uses too).
 """
 
 from __future__ import annotations

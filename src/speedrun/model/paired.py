@@ -31,6 +31,13 @@ from speedrun.model.config import PairedLayout, RopeMode
 from speedrun.model.rotary import apply_rotary
 
 
+def _is_split(layout: PairedLayout) -> bool:
+    """True for ``"split"``, False for ``"adjacent"``; ``ValueError`` for another layout."""
+    if layout not in ("adjacent", "split"):
+        raise ValueError(f"paired-head layout must be 'adjacent' or 'split', got {layout!r}")
+    return layout == "split"
+
+
 def pair_heads(x: torch.Tensor, layout: PairedLayout = "adjacent") -> torch.Tensor:
     """(T, H, Dh) -> (2T, H/2, Dh). ``"adjacent"``: ``out[2t + e, p] = x[t, 2p + e]`` for e in {0, 1};
     ``"split"`` (the records' flat reshape): ``out[2t + e, p] = x[t, e·H/2 + p]``. Raises ``ValueError`` for an
@@ -38,20 +45,16 @@ def pair_heads(x: torch.Tensor, layout: PairedLayout = "adjacent") -> torch.Tens
     tokens, heads, dim = x.shape
     if heads % 2:
         raise ValueError(f"paired-head attention needs an even number of heads, got {heads}")
-    if layout == "split":
+    if _is_split(layout):
         return x.reshape(2 * tokens, heads // 2, dim)
-    if layout != "adjacent":
-        raise ValueError(f"paired-head layout must be 'adjacent' or 'split', got {layout!r}")
     return x.unflatten(1, (heads // 2, 2)).transpose(1, 2).reshape(2 * tokens, heads // 2, dim)
 
 
 def unpair_heads(y: torch.Tensor, layout: PairedLayout = "adjacent") -> torch.Tensor:
     """(2T, H/2, Dh) -> (T, H, Dh), the inverse of :func:`pair_heads` of the same layout."""
     doubled, pairs, dim = y.shape
-    if layout == "split":
+    if _is_split(layout):
         return y.reshape(doubled // 2, 2 * pairs, dim)
-    if layout != "adjacent":
-        raise ValueError(f"paired-head layout must be 'adjacent' or 'split', got {layout!r}")
     return y.unflatten(0, (doubled // 2, 2)).transpose(1, 2).reshape(doubled // 2, 2 * pairs, dim)
 
 
