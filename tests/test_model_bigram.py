@@ -176,19 +176,16 @@ def test_bigram_ids_equal_the_records_own_get_bigram_hash(record):
     """Each record's ``get_bigram_hash``, read from ../shared/reference-code at test time (its pinned host
     buffer made a plain one: this machine has no CUDA), against ours on tokens of the whole GPT-2 range (int32
     wrap included); skipped where ../shared is absent."""
-    import ast
-    from pathlib import Path
     from types import SimpleNamespace
 
-    script = Path(__file__).resolve().parents[2] / "shared" / "reference-code" / record / "train_gpt.py"
+    from record_code import SHARED_CODE, OnTheCpu, record_definitions
+
+    script = SHARED_CODE / record / "train_gpt.py"
     if not script.is_file():
         pytest.skip(f"{script} is not here")
-    tree = ast.parse(script.read_text(encoding="utf-8"))
-    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_bigram_hash"]
-    source = ast.unparse(function).replace("pin_memory=True", "pin_memory=False")
     vocab = (50304 * 15 // 2) if record == "head" else 50304 * 15
-    namespace = {"torch": torch, "args": SimpleNamespace(bigram_vocab_size=vocab)}
-    exec(source, namespace)
+    namespace = record_definitions(script, {"get_bigram_hash"}, {"torch": torch, "args": SimpleNamespace(
+        bigram_vocab_size=vocab)}, transformer=OnTheCpu())
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 65536, (4096,), generator=g, dtype=torch.int32)
     tokens[:3] = torch.tensor([50256, 65535, 7], dtype=torch.int32)

@@ -13,7 +13,6 @@ reads, as on a GPU, see :class:`_FinishedThread`); skipped where ../shared is ab
 
 from __future__ import annotations
 
-import ast
 import glob
 import math
 import subprocess
@@ -32,6 +31,8 @@ from speedrun.data.loader import BosAlignedBatches, validation_batches
 from speedrun.training.config import TrainConfig
 from speedrun.training.data import load_training_data
 
+from record_code import OnTheCpu, record_definitions
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DD = SHARED / "corpora" / "debian-docs"
@@ -45,17 +46,6 @@ COPIES = 12                 # parity.sh's: the loaders cut documents at max_seq_
 pytestmark = pytest.mark.skipif(not (DD / "debiandocs_train_000001.bin").exists() or not RECORD88.exists()
                                 or not (TOOLS / "lay_out_data.py").exists(),
                                 reason="needs ../shared/corpora/debian-docs and ../shared/reference-code")
-
-
-class _OnTheCpu(ast.NodeTransformer):
-    """``device="cuda"`` -> ``device="cpu"``, ``pin_memory=True`` -> False (no CUDA here)."""
-
-    def visit_keyword(self, node: ast.keyword) -> ast.keyword:
-        if node.arg == "device" and isinstance(node.value, ast.Constant) and node.value.value == "cuda":
-            node.value = ast.Constant("cpu")
-        if node.arg == "pin_memory":
-            node.value = ast.Constant(False)
-        return node
 
 
 class _FinishedThread:
@@ -76,21 +66,10 @@ class _FinishedThread:
 
 def _records_loader() -> dict:
     """Record #88's loader functions and constants, from its script, in a namespace of their imports."""
-    tree = ast.parse(RECORD88.read_text())
-    keep = []
-    for node in tree.body:
-        names = ({node.name} if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                 {t.id for t in node.targets if isinstance(t, ast.Name)} if isinstance(node, ast.Assign) else set())
-        if names & LOADER_NAMES:
-            keep.append(node)
-    found = {n.name if hasattr(n, "name") else n.targets[0].id for n in keep}
-    assert found == LOADER_NAMES, f"record #88's script no longer defines {sorted(LOADER_NAMES - found)}"
-    module = ast.fix_missing_locations(_OnTheCpu().visit(ast.Module(body=keep, type_ignores=[])))
     namespace = {"torch": torch, "Tensor": torch.Tensor, "Path": Path, "glob": glob, "math": math,
-                 "threading": SimpleNamespace(Thread=_FinishedThread, Event=threading.Event), "dist": dist, "args": SimpleNamespace(bigram_vocab_size=50304 * 15),
-                 "get_bigram_hash": lambda x: x}
-    exec(compile(module, str(RECORD88), "exec"), namespace)
-    return namespace
+                 "threading": SimpleNamespace(Thread=_FinishedThread, Event=threading.Event), "dist": dist,
+                 "args": SimpleNamespace(bigram_vocab_size=50304 * 15), "get_bigram_hash": lambda x: x}
+    return record_definitions(RECORD88, LOADER_NAMES, namespace, transformer=OnTheCpu())
 
 
 @pytest.fixture(scope="module")

@@ -242,31 +242,20 @@ def _patched_schedule(record: str, tmp_path: Path, monkeypatch) -> dict:
     noise schedule) executed with parity.sh's
     SCHED in the environment, WORLD_SIZE 1 and the CPU as ``device``; everything else of the script (CUDA, the
     model, the loaders) left out. Returns the executed namespace."""
-    import ast
     import subprocess
     import sys
 
     import torch
 
+    from record_code import record_definitions
+
     code = _reference_code()
     patched = tmp_path / "train_gpt.py"
     subprocess.run([sys.executable, str(code / "tools" / "patch_schedule.py"), str(code / record / "train_gpt.py"),
                     str(patched)], check=True, capture_output=True)
-    tree = ast.parse(patched.read_text())
     wanted = {"Hyperparameters", "TrainingStage", "TrainingSchedule", "TRAINING_STAGES", "args",
               "training_schedule", "grad_accum_steps", "get_muon_momentum"}
     noise = {"get_normuon_noise_scale", "NORMUON_NOISE_SIGMA0", "NORMUON_NOISE_END_FRAC", "NORMUON_NOISE_WARMUP"}
-
-    def names(node) -> set[str]:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-            return {node.name}
-        if isinstance(node, ast.Assign):
-            return {t.id for t in node.targets if isinstance(t, ast.Name)}
-        return set()
-
-    body = [node for node in tree.body if names(node) & (wanted | noise)]
-    found = set().union(*map(names, body))
-    assert wanted <= found and found - wanted in (set(), noise), record     # the noise: record #87 only
     for key, value in _parity_sched().items():
         monkeypatch.setenv(key, value)
     import dataclasses
@@ -277,8 +266,8 @@ def _patched_schedule(record: str, tmp_path: Path, monkeypatch) -> dict:
     namespace = {"__name__": f"{record}_schedule", "os": os, "uuid": uuid, "torch": torch, "world_size": 1,
                  "device": torch.device("cpu"), "dataclass": dataclasses.dataclass,
                  "accumulate": itertools.accumulate, "pairwise": itertools.pairwise}
-    # dont_inherit: not this module's `from __future__ import annotations` (its dataclasses then see strings)
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(patched), "exec", dont_inherit=True), namespace)
+    record_definitions(patched, wanted, namespace, optional=frozenset(noise))
+    assert noise & namespace.keys() == (noise if record == "record87" else set()), record   # record #87's noise
     return namespace
 
 
