@@ -174,7 +174,7 @@ class CausalSelfAttention(nn.Module):
         y = y.reshape(x.size(0), -1)                                                     # (T, H·Dh)
         if unit:
             return self._unit_fp8(y, self.o.weight, 1)
-        if self.o.fp8 and self.training:                 # o's FP8 cache holds W: λ on the product
+        if self.o.runs_fp8:                              # o's FP8 cache holds W: λ on the product
             return self._scaled_output(self.o(y), 1)
         return F.linear(y, self._scaled_weight(self.o.weight, 1))                         # (T, C)
 
@@ -256,7 +256,7 @@ class CausalSelfAttention(nn.Module):
         ``sa_lambdas[0]``; FP8 (one dynamic scale for the three) in the training forward with
         ``fp8_attention``."""
         weight = self._qkv_weight()
-        if self.q.fp8 and self.training:
+        if self.q.runs_fp8:
             return self._scaled_output(fp8_linear(x, weight, cache=self.qkv_fp8), 0)
         return F.linear(x, self._scaled_weight(weight, 0))
 

@@ -236,7 +236,7 @@ class FP8Linear(nn.Linear):
 
     Same ``weight`` parameter (out_features, in_features) as ``nn.Linear`` (checkpoints and optimizers see
     no difference). ``forward(x)`` with x (..., in_features): :func:`fp8_linear` with dynamic scales when
-    ``self.fp8 and self.training``, else the plain product (bf16 under autocast): evaluation is never FP8.
+    :attr:`runs_fp8` (``fp8`` and training), else the plain product (bf16 under autocast): evaluation is never FP8.
     With ``fp8`` and ``weight_cache`` (default), ``weight_cache`` is an :class:`FP8WeightCache` (off until
     switched on; filled by :meth:`quantize_weight_`), else None (a layer whose weight the owner multiplies
     itself, as the stacked QKV projection of :class:`speedrun.model.block.CausalSelfAttention`).
@@ -253,8 +253,13 @@ class FP8Linear(nn.Linear):
         if self.weight_cache is not None:
             self.weight_cache.refresh_(self.weight)
 
+    @property
+    def runs_fp8(self) -> bool:
+        """Whether :meth:`forward` runs in FP8 now: ``fp8`` set and the module in training mode."""
+        return self.fp8 and self.training
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8 and self.training:
+        if self.runs_fp8:
             return fp8_linear(x, self.weight, cache=self.weight_cache)
         return F.linear(x, self.weight)
 
