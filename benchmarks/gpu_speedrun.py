@@ -255,6 +255,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=JSON",
                         help="override one train setting, e.g. --set 'model={\"attention_backend\": \"varlen\"}' (replaces "
                              "the config's model settings) or --set model.fp8_mlp=false (one of them)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the run's seed: its initialization (the token stream is the same for every seed)")
     parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
@@ -273,11 +275,11 @@ def main() -> None:
     config = TrainConfig.from_dict(load_settings(args.config, args.overrides, args.steps))
     log = args.out / f"{args.name}.txt"
     started = time.time()
-    run_training(config, variant=args.name, seed=0, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
+    run_training(config, variant=args.name, seed=args.seed, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
                  log_path=log, env={})
     figures = summarize(config, log, args.skip, args.peak_tflops)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    figures.update(name=args.name, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
+    figures.update(name=args.name, seed=args.seed, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
                    graphs=compiled_graphs(), caches=compile_cache_counters(), host=socket.gethostname(), config=str(args.config),
                    overrides=args.overrides, date=time.strftime("%Y-%m-%d"))
     print(json.dumps(figures), flush=True)

