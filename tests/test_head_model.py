@@ -34,7 +34,7 @@ HEAD's model against record #88's (the two scripts' GPT, CausalSelfAttention, Ya
     path (``use_mlp_fp8 = self.training and not DISABLE_FP8``): not exercised here;
   * the prefix table is built after the clock starts (a -1 table in ``__init__``): no model change.
 
-What is changed in HEAD's code to run it here: :class:`test_record88_model.Float64Eager` (bf16/fp32 ->
+What is changed in HEAD's code to run it here: :class:`record_models.Float64Eager` (bf16/fp32 ->
 float64, cuda -> cpu, the key offset's overlapping in-place copy reading a clone, as torch.compile does).
 Stand-ins (:func:`record_namespace`): FA3's ``flash_attn_varlen_func`` and the fused ReLU² kernel without FP8
 (#88's test's), the DC Triton kernel (:func:`dc_correction_add_base`, its forward transcribed in float64;
@@ -59,7 +59,6 @@ before its kernel, ours pass them in fp32 (speedrun.model.dc's docstring says so
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -67,16 +66,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model.bigram import bigram_hash
-from speedrun.model.config import PRESETS
 from speedrun.model.dc import dc_attention
 from speedrun.model.gpt import GPT
 
-from record_code import SHARED_CODE, record_definitions
-from test_record88_model import (BIGRAM_VOCAB, BLOCK, BOS, HEAD_DIM, HEADS, MODEL_DIM, ROPE_TURNS_OPPOSITE,
-                                 SIGN_ROWS, VOCAB, WORLD_SIZE, Float64Eager, Link, relative_error,
-                                 rope_row_signs)
-from test_record88_model import record_namespace as record88_namespace
+from record_code import SHARED_CODE
+from record_models import (HEAD_DIM, HEADS, MODEL_DIM, VOCAB, Link, ModelParity, bank_links, embedding_links,
+                           executed_record, record_gpt, tiny_config, tiny_namespace)
+from test_record88_model import relu_sqrd_mlp
 
 RECORD = SHARED_CODE / "head" / "train_gpt.py"
 RECORD_NAMES = {"norm", "CastedLinearT", "Yarn", "AttnArgs", "dc_gate", "CausalSelfAttention",
@@ -137,38 +133,24 @@ class TorchWithoutCuda:
 
 
 def record_namespace() -> dict:
-    """#88's test's namespace (imports, world size, ``dist``, ``os`` with DISABLE_FP8, the FA3 and ReLU²
-    stand-ins) with HEAD's ``args`` (bigram_dim = the model width: all channels, as HEAD's 768 of 768), the DC
-    kernel's stand-in and :class:`TorchWithoutCuda`."""
-    namespace = record88_namespace()
-    args = SimpleNamespace(bigram_vocab_size=BIGRAM_VOCAB, bigram_dim=MODEL_DIM, bigram_sign_table_rows=SIGN_ROWS,
-                           val_batch_size=SEQ_LEN * WORLD_SIZE)
-    namespace.update(__name__="head_train_gpt", args=args, torch=TorchWithoutCuda(),
-                     dc_attention_postonly_nodd_correction_add_base_triton=dc_correction_add_base)
-    return namespace
+    """What HEAD's GPT reads from its module (:func:`record_models.tiny_namespace`: imports, world size,
+    ``dist``, ``os`` with DISABLE_FP8, FA3's stand-in) with HEAD's ``args`` (bigram_dim = the model width: all
+    channels, as HEAD's 768 of 768), #88's test's ReLU² stand-in, the DC kernel's stand-in and
+    :class:`TorchWithoutCuda`."""
+    return tiny_namespace("head_train_gpt", MODEL_DIM, SEQ_LEN, ReLUSqrdMLP=relu_sqrd_mlp, torch=TorchWithoutCuda(),
+                          dc_attention_postonly_nodd_correction_add_base_triton=dc_correction_add_base)
 
 
 @pytest.fixture(scope="module")
 def record():
     """HEAD's definitions, executed (skipped where ../shared is absent, as in CI)."""
-    if not RECORD.exists():
-        pytest.skip(f"{RECORD} is not here")
-    transformer = Float64Eager()
-    namespace = record_definitions(RECORD, RECORD_NAMES, record_namespace(), transformer=transformer)
-    assert transformer.overlapping == 1                                     # the key offset, and nothing else
-    return SimpleNamespace(**namespace)
+    return executed_record(RECORD, RECORD_NAMES, record_namespace())
 
 
 def record_model(record, seed: int = 0) -> nn.Module:
-    """HEAD's GPT in float64, eval mode, every parameter moved off its initialization (zero inits included)."""
-    torch.manual_seed(seed)
-    model = record.GPT(vocab_size=VOCAB, num_layers=11, num_heads=HEADS, head_dim=HEAD_DIM, model_dim=MODEL_DIM,
-                       max_seq_len=SEQ_LEN // 2).double().eval()          # RoPE tables of 2·(T/2) rows = T
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
-    return model
+    """HEAD's GPT in float64, eval mode, every parameter moved off its initialization (zero inits included;
+    :func:`record_models.record_gpt`); RoPE tables of 2·(T/2) rows = T."""
+    return record_gpt(record, max_seq_len=SEQ_LEN // 2, seed=seed)
 
 
 # ---- ours -------------------------------------------------------------------------------------------------
@@ -177,11 +159,8 @@ def record_model(record, seed: int = 0) -> nn.Module:
 def our_config():
     """The record89 preset at the tiny shape, on the CPU paths (reference attention, full cross-entropy, no
     FP8; DC on its reference path, float64 here)."""
-    return dataclasses.replace(
-        PRESETS["record89"], vocab_size=50304, model_dim=MODEL_DIM, n_head=HEADS, head_dim=HEAD_DIM,
-        bigram_vocab_size=BIGRAM_VOCAB, window_block_size=BLOCK, rotary_positions=2 * SEQ_LEN,
-        attention_backend="reference", cross_entropy="full", rotary_kernel="torch", mlp_kernel="torch",
-        fp8_head=False, fp8_mlp=False, fp8_attention=False, prefix_token_loss=False)
+    return tiny_config("record89", rotary_positions=2 * SEQ_LEN, fp8_mlp=False, fp8_attention=False,
+                       prefix_token_loss=False)
 
 
 def parameter_links(our_model: GPT) -> list[Link]:
@@ -201,41 +180,15 @@ def parameter_links(our_model: GPT) -> list[Link]:
       :func:`test_our_gate_layout_is_heads`), ``_mudd_gate_scale`` -> ``mudd_gates.scale``.
     """
     cfg = our_model.config
-    C, V = cfg.model_dim, cfg.vocab_size
-    flip = rope_row_signs(cfg.n_head, cfg.head_dim) if ROPE_TURNS_OPPOSITE else None
-    links = [Link("embed.weight", "embed.weight", lambda p: p),
-             Link("lm_head.weight", "lm_head.weight", lambda p: p.T),
-             Link("smear.lambda_", "scalars", lambda p: p[22:23]),
-             Link("skips.lambda_", "scalars", lambda p: p[23:24]),
-             Link("smear.gate", "smear_gate.weight", lambda p: p),
-             Link("bigram.table", "bigram_embed.weight", lambda p: p),
-             Link("mudd_gates.scale", "_mudd_gate_scale", lambda p: p)]
+    links = embedding_links(cfg) + [Link("mudd_gates.scale", "_mudd_gate_scale", lambda p: p)]
     links += [Link(f"residual.{name}", name, lambda p: p) for name in ("post_lambdas", "resid_lambdas")]
-    for j in range(5):
-        links.append(Link(f"value_embeds.tables.{j}.weight", "value_embeds", lambda p, j=j: p[j * V:(j + 1) * V]))
     for ours, theirs, nets in (("mudd", "mudd", (("layer", 14), ("final", 5))),
                                ("mudd_gates", "mudd_gate", (("pre", PRE), ("post", POST)))):
         for m, (net, rows) in enumerate(nets):
             links += [Link(f"{ours}.{net}.w1", f"{theirs}_w1", lambda p, m=m: p[m]),
                       Link(f"{ours}.{net}.w2", f"{theirs}_w2", lambda p, m=m, rows=rows: p[m, :rows]),
                       Link(f"{ours}.{net}.b2", f"{theirs}_b2", lambda p, m=m, rows=rows: p[m, :rows])]
-    ve_gate_layers = [i for i in cfg.value_embed_layers if i != cfg.mudd_layer]               # 1, 2, 8, 9
-    for i in range(cfg.n_layer):
-        block = f"blocks.{i}"
-        links += [Link(f"{block}.mlp.fc.weight", "mlp_bank", lambda p, i=i: p[i, 0]),
-                  Link(f"{block}.mlp.proj.weight", "mlp_bank", lambda p, i=i: p[i, 1].T)]
-        if i in cfg.attention_free_layers:
-            continue
-        a = i - (i > 6)
-        links += [Link(f"{block}.attn.q.weight", "qk_bank", lambda p, a=a: p[6 * a:6 * a + 3].reshape(C, C), flip),
-                  Link(f"{block}.attn.k.weight", "qk_bank", lambda p, a=a: p[6 * a + 3:6 * a + 6].reshape(C, C), flip),
-                  Link(f"{block}.attn.v.weight", "vo_bank", lambda p, a=a: p[2 * a]),
-                  Link(f"{block}.attn.o.weight", "vo_bank", lambda p, a=a: p[2 * a + 1]),
-                  Link(f"{block}.attn.sa_lambdas", "scalars", lambda p, i=i: p[2 * i:2 * i + 2])]
-        if i in ve_gate_layers:
-            g = ve_gate_layers.index(i)
-            links.append(Link(f"{block}.attn.ve_gate.weight", "ve_gate_bank", lambda p, g=g: p[g]))
-    return links
+    return links + bank_links(cfg)
 
 
 # elements of HEAD's parameters that no parameter of ours holds, each never read by its forward
@@ -248,114 +201,21 @@ UNMAPPED = {"qk_bank": 4 * 2 * HEAD_DIM * MODEL_DIM,           # padding 60 -> 6
             "mudd_gate_w2": (POST - PRE) * 64, "mudd_gate_b2": POST - PRE}   # the pre gate reads 26 of 41
 
 
-def check_coverage(links: list[Link], theirs: nn.Module, ours: GPT) -> dict[str, torch.Tensor]:
-    """Assert the map is complete: each of our parameters in exactly one link, of its full shape; each HEAD
-    element in at most one; HEAD's unmapped elements exactly :data:`UNMAPPED`. Returns per HEAD parameter the
-    bool mask of its unmapped elements."""
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    assert sorted(link.ours for link in links) == sorted(our_params), "our parameters mapped not exactly once"
-    counts = {name: torch.zeros(p.shape, dtype=torch.int64) for name, p in their_params.items()}
-    for link in links:
-        view = link.view(counts[link.theirs])
-        assert view.shape == our_params[link.ours].shape, link
-        view.add_(1)
-    assert max(int(c.max()) for c in counts.values()) == 1, "a HEAD element mapped twice"
-    assert {name: int((c == 0).sum()) for name, c in counts.items() if (c == 0).any()} == UNMAPPED
-    assert sum(p.numel() for p in our_params.values()) + sum(UNMAPPED.values()) == sum(
-        p.numel() for p in their_params.values())
-    return {name: c == 0 for name, c in counts.items()}
-
-
-def mapped_model(theirs: nn.Module) -> tuple[GPT, list[Link], dict[str, torch.Tensor]]:
-    """Our tiny record89 in float64 and eval mode with HEAD's weights, sign table and rotary frequencies; the
-    links and HEAD's unmapped-element masks (:func:`check_coverage`)."""
-    ours = GPT(our_config()).double().eval()
-    links = parameter_links(ours)
-    unmapped = check_coverage(links, theirs, ours)
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    with torch.no_grad():
-        for link in links:
-            our_params[link.ours].copy_(link(their_params[link.theirs]))
-        ours.bigram.signs = theirs.bigram_sign_table.clone()
-        frequencies = theirs.yarn.angular_freq[:2 * (HEAD_DIM // 4):2]            # each repeated twice, then 0s
-        torch.testing.assert_close(frequencies, ours.rotary_frequencies, rtol=1e-7, atol=0)   # fp32 rounding
-        ours.restore_schedule_state((ours.window_blocks, frequencies.clone(), theirs.yarn.attn_scale))
-    return ours, links, unmapped
-
-
-# ---- the batch and the comparison -------------------------------------------------------------------------
-
-
-def batch(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs (T,) int32, targets (T,) int64): random GPT-2 tokens, BOS at every document start."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(0, VOCAB - 1, (SEQ_LEN,), generator=generator, dtype=torch.int32)
-    inputs[CU_SEQLENS[:-2].long()] = BOS
-    targets = torch.randint(0, VOCAB, (SEQ_LEN,), generator=generator)
-    return inputs, targets
-
-
-def compare(record, theirs: nn.Module, ours: GPT, links: list[Link], unmapped: dict[str, torch.Tensor],
-            windows: tuple[int, int]) -> dict[str, float]:
-    """Eval losses and every parameter's gradient of both models on :func:`batch` with windows (short, long)
-    in blocks, compared; returns the relative errors (key ``loss`` and our parameter names)."""
-    inputs, targets = batch()
-    bigram_inputs = record.get_bigram_hash(inputs)
-    assert torch.equal(bigram_inputs.long(), bigram_hash(inputs, BIGRAM_VOCAB))
-    schedule = record.ForwardScheduleConfig(mtp_weights=torch.ones(1, dtype=torch.float64),
-                                            prefix_weight=torch.zeros(1, dtype=torch.float64),
-                                            ws_short=windows[0] * BLOCK, ws_long=windows[1] * BLOCK,
-                                            train_max_seq_len=SEQ_LEN)
-    theirs.zero_grad(set_to_none=True)
-    ours.zero_grad(set_to_none=True)
-    their_loss = theirs(inputs, targets, CU_SEQLENS, bigram_inputs, schedule).mean()
-    our_loss = ours(inputs, targets, CU_SEQLENS)
-    their_loss.backward()
-    our_loss.backward()
-    errors = {"loss": relative_error(our_loss.detach(), their_loss.detach())}
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    for link in links:
-        our_grad = our_params[link.ours].grad
-        assert our_grad is not None, link.ours
-        errors[link.ours] = relative_error(our_grad, link(their_params[link.theirs].grad))
-    for name, mask in unmapped.items():
-        grad = their_params[name].grad
-        assert grad is None or not grad[mask].any(), f"HEAD reads unmapped elements of {name}"
-    return errors
-
-
-def assert_small(errors: dict[str, float]) -> None:
-    assert errors["loss"] < 1e-12, errors["loss"]
-    worst = {name: e for name, e in errors.items() if e > 1e-9}
-    assert not worst, worst
+PARITY = ModelParity(our_config, parameter_links, UNMAPPED, SEQ_LEN, CU_SEQLENS, label="HEAD")
 
 
 # ---- the tests --------------------------------------------------------------------------------------------
 
 
 def test_head_eval_loss_and_gradients_match_heads_own_gpt(record):
-    theirs = record_model(record)
-    ours, links, unmapped = mapped_model(theirs)
-    assert ours.window_blocks == (1, 3)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(1, 3)))
+    PARITY.assert_match_at_the_first_stage(record, record_model(record))
 
 
 def test_after_a_yarn_window_change_they_still_match(record):
     """HEAD's second window stage: (1, 3) -> (3, 7) blocks, ``yarn.apply(12, 28)`` on both Yarns
     (TrainingManager.advance_schedule) against our ``set_window_blocks(3, 7)``; then the final validation's
     long window without YaRN (apply_final_ws_ext: ws_long 20 blocks)."""
-    theirs = record_model(record, seed=7)
-    ours, links, unmapped = mapped_model(theirs)
-    with torch.no_grad():
-        for yarn in (theirs.yarn, theirs.yarn_paired_head):
-            yarn.apply(3 * BLOCK, 7 * BLOCK)
-    ours.set_window_blocks(3, 7)
-    torch.testing.assert_close(ours.rotary_frequencies, theirs.yarn.angular_freq[:2 * (HEAD_DIM // 4):2],
-                               rtol=1e-14, atol=0)
-    assert ours.attention_scale == pytest.approx(theirs.yarn.attn_scale, rel=1e-14)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(3, 7)))
-    ours.set_window_blocks(3, 20, rescale=False)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(3, 20)))
+    PARITY.assert_match_after_a_window_change(record, record_model(record, seed=7))
 
 
 def test_our_gate_layout_is_heads(record):
@@ -390,7 +250,7 @@ def test_dc_stand_in_is_the_dense_formula():
     """:func:`dc_correction_add_base` (the kernel's blocking) against the dense formula (one (T, T) mask: same
     document, 0 <= t - s < 112; dc_triton_kernels.py has no PyTorch reference of its own), and our
     :func:`speedrun.model.dc.dc_attention` (which RMS-normalizes w1 itself) against it too, over the documents
-    of :func:`batch` (one longer than the window)."""
+    of the batch, :data:`CU_SEQLENS` (one longer than the window)."""
     generator = torch.Generator().manual_seed(5)
     q, k, v, y = (torch.randn(SEQ_LEN, HEADS, HEAD_DIM, generator=generator, dtype=torch.float64) for _ in range(4))
     w1, w2 = (torch.randn(SEQ_LEN, HEADS, generator=generator, dtype=torch.float64) for _ in range(2))

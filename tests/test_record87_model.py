@@ -9,10 +9,10 @@ losses agree to 1e-12 relative and every parameter's gradient to 1e-9 relative (
 the first window stage (1, 3), after #87's YaRN window change to (3, 7) (its ``TrainingManager.
 advance_schedule``: ``Yarn.apply`` on both Yarns) and with the final validation's long window of 20 blocks
 (``apply_final_ws_ext``, no YaRN). Every parameter of ours is mapped from exactly one slice of a record
-parameter; the record's elements left unmapped (:data:`UNMAPPED`) are counted and shown to get no gradient.
-Measured: losses ~3e-16 relative, the worst gradient ~6e-13 (float64); no difference found. (The test is
-sensitive to #87's own changes: ours with #88's paired layers 0, 2, 5, 9 misses the loss by 3e-3 relative and
-gradients by up to 6x.)
+parameter; the record's elements left unmapped (#88's :data:`test_record88_model.UNMAPPED`) are counted and
+shown to get no gradient. Measured: losses ~3e-16 relative, the worst gradient ~6e-13 (float64); no difference
+found. (The test is sensitive to #87's own changes: ours with #88's paired layers 0, 2, 5, 9 misses the loss by
+3e-3 relative and gradients by up to 6x.)
 
 #87's model against #88's (the two scripts' GPT, CausalSelfAttention, Yarn, forward and init, diffed):
   * paired heads on layers 0 and 5 only (#88: 0, 2, 5, 9) -- ours: ``paired_head_layers (0, 5)``;
@@ -31,12 +31,12 @@ gradients by up to 6x.)
   Its schedule (stage durations 0.36/0.32/0.32, never untied) and optimizer (Langevin noise, C-Optim, the lazy
   final embed.grad.T add) are training settings, outside this test.
 
-What is changed in the record's code to run it here: :class:`test_record88_model.Float64Eager` (bf16/fp32 ->
+What is changed in the record's code to run it here: :class:`record_models.Float64Eager` (bf16/fp32 ->
 float64, cuda -> cpu, the key offset's overlapping in-place copy reading a clone, as torch.compile does).
-Stand-ins (:func:`record_namespace`): FA3's ``flash_attn_varlen_func`` (#88's test's exact softmax attention),
-#87's ``FusedLinearReLUSquareFunction`` (:class:`ReluSquarePostOnly`), ``args`` (its Hyperparameters fields the
-GPT reads), ``dist``, ``os.environ`` with DISABLE_FP8, and the training-only FP8 linear and fused cross-entropy
-(raising: the eval forward must not reach them).
+Stand-ins (:func:`record_namespace`): FA3's ``flash_attn_varlen_func`` (:func:`record_models.flash_attn_varlen_func`,
+exact softmax attention), #87's ``FusedLinearReLUSquareFunction`` (:class:`ReluSquarePostOnly`), ``args`` (its
+Hyperparameters fields the GPT reads), ``dist``, ``os.environ`` with DISABLE_FP8, and the training-only FP8
+linear and fused cross-entropy (raising: the eval forward must not reach them).
 
 Mapping notes as for #88 (test_record88_model's docstring): the record's RoPE turns by -θ, ours by +θ, so the
 q/k rows of the rotated pairs' second dims are negated (``rope_row_signs``; :func:`test_records_87_and_88_share_
@@ -48,24 +48,15 @@ frequencies and bigram sign table.
 from __future__ import annotations
 
 import ast
-import dataclasses
-import math
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from speedrun.model.bigram import bigram_hash
-from speedrun.model.config import PRESETS
-from speedrun.model.gpt import GPT
 
 from record_code import SHARED_CODE, record_definitions
-from test_record88_model import (BIGRAM_DIM, BIGRAM_VOCAB, BLOCK, CU_SEQLENS, HEAD_DIM, HEADS, MODEL_DIM, SEQ_LEN,
-                                 SIGN_ROWS, WORLD_SIZE, Float64Eager, Link, batch, flash_attn_varlen_func,
-                                 parameter_links, record_model, relative_error)
+from record_models import MODEL_DIM, ModelParity, executed_record, tiny_config, tiny_namespace
+from test_record88_model import BIGRAM_DIM, CU_SEQLENS, SEQ_LEN, UNMAPPED, parameter_links, record_model
 
 RECORD = SHARED_CODE / "record87" / "train_gpt.py"
 RECORD88 = SHARED_CODE / "record88" / "train_gpt.py"
@@ -101,29 +92,18 @@ def training_only(*_args, **_kwargs):
 
 
 def record_namespace() -> dict:
-    """What #87's GPT reads from its module: imports, ``args`` (its Hyperparameters fields bigram_vocab_size,
-    bigram_dim, bigram_sign_table_rows, val_batch_size at the tiny shape), world size and gradient
-    accumulation, ``dist``, ``os`` (DISABLE_FP8 set), and the stand-ins."""
-    args = SimpleNamespace(bigram_vocab_size=BIGRAM_VOCAB, bigram_dim=BIGRAM_DIM, bigram_sign_table_rows=SIGN_ROWS,
-                           val_batch_size=SEQ_LEN * WORLD_SIZE)
-    return {"__name__": "record87_train_gpt", "torch": torch, "nn": nn, "F": F, "Tensor": torch.Tensor,
-            "math": math, "dataclass": dataclass, "os": SimpleNamespace(environ={"DISABLE_FP8": "1"}),
-            "dist": SimpleNamespace(get_world_size=lambda: WORLD_SIZE), "args": args, "world_size": WORLD_SIZE,
-            "grad_accum_steps": 8 // WORLD_SIZE, "grad_scale": 1.0, "device": torch.device("cpu"),
-            "flash_attn_interface": SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func),
-            "ReLUSqrdMLP": ReluSquarePostOnly.apply, "fp8_linear_fn": training_only,
-            "FusedSoftcappedCrossEntropy": SimpleNamespace(apply=training_only)}
+    """What #87's GPT reads from its module (:func:`record_models.tiny_namespace`: imports, ``args`` (its
+    Hyperparameters fields bigram_vocab_size, bigram_dim, bigram_sign_table_rows, val_batch_size at the tiny
+    shape), world size and gradient accumulation, ``dist``, ``os`` (DISABLE_FP8 set), FA3's stand-in), and its
+    own stand-ins: the ReLU² kernel, the training-only FP8 linear and fused cross-entropy."""
+    return tiny_namespace("record87_train_gpt", BIGRAM_DIM, SEQ_LEN, ReLUSqrdMLP=ReluSquarePostOnly.apply,
+                          fp8_linear_fn=training_only, FusedSoftcappedCrossEntropy=SimpleNamespace(apply=training_only))
 
 
 @pytest.fixture(scope="module")
 def record():
     """#87's definitions, executed (skipped where ../shared is absent, as in CI)."""
-    if not RECORD.exists():
-        pytest.skip(f"{RECORD} is not here")
-    transformer = Float64Eager()
-    namespace = record_definitions(RECORD, RECORD_NAMES, record_namespace(), transformer=transformer)
-    assert transformer.overlapping == 1                                     # the key offset, and nothing else
-    return SimpleNamespace(**namespace)
+    return executed_record(RECORD, RECORD_NAMES, record_namespace())
 
 
 # ---- ours and the map ---------------------------------------------------------------------------------------
@@ -131,119 +111,29 @@ def record():
 
 def our_config():
     """The record87 preset at the tiny shape, on the CPU paths (reference attention, full cross-entropy); its
-    FP8 attention switches are kept (training only: eval must not see them)."""
-    return dataclasses.replace(
-        PRESETS["record87"], vocab_size=50304, model_dim=MODEL_DIM, n_head=HEADS, head_dim=HEAD_DIM,
-        bigram_vocab_size=BIGRAM_VOCAB, bigram_dim=BIGRAM_DIM, window_block_size=BLOCK, rotary_positions=256,
-        attention_backend="reference", cross_entropy="full", rotary_kernel="torch", mlp_kernel="torch",
-        fp8_head=False)
+    FP8 attention switches are kept (training only: eval must not see them). Its paired heads are #87's."""
+    config = tiny_config("record87", bigram_dim=BIGRAM_DIM, rotary_positions=256)
+    assert config.paired_head_layers == (0, 5) and config.paired_head_layout == "split"
+    return config
 
 
-# elements of #87's parameters that no parameter of ours holds, each never read by its forward (as #88's)
-UNMAPPED = {"qk_bank": 4 * 2 * HEAD_DIM * MODEL_DIM,           # padding 60 -> 64 groups
-            "vo_bank": 4 * MODEL_DIM * MODEL_DIM,              # padding 20 -> 24
-            "mlp_bank": 2 * 4 * MODEL_DIM * MODEL_DIM,         # the padding layer 11
-            "ve_gate_bank": HEADS * 12,                        # gate 4: layer 10 takes MUDD's
-            "scalars": 2,                                      # layer 6's sa lambdas (no attention)
-            "xsa_alphas": 5 * HEADS,                           # layers 0, 2, 5, 6, 9 (2 and 9 unpaired in #87)
-            "mudd_w2": 9 * 64, "mudd_b2": 9}                   # the final mix reads 5 of 14 coefficients
-
-
-def check_coverage(links: list[Link], theirs: nn.Module, ours: GPT) -> dict[str, torch.Tensor]:
-    """Each of our parameters in exactly one link, of its full shape; each record element in at most one; the
-    record's unmapped elements exactly :data:`UNMAPPED`. Returns per record parameter its unmapped mask."""
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    assert sorted(link.ours for link in links) == sorted(our_params), "our parameters mapped not exactly once"
-    counts = {name: torch.zeros(p.shape, dtype=torch.int64) for name, p in their_params.items()}
-    for link in links:
-        view = link.view(counts[link.theirs])
-        assert view.shape == our_params[link.ours].shape, link
-        view.add_(1)
-    assert max(int(c.max()) for c in counts.values()) == 1, "a record element mapped twice"
-    assert {name: int((c == 0).sum()) for name, c in counts.items() if (c == 0).any()} == UNMAPPED
-    assert sum(p.numel() for p in our_params.values()) + sum(UNMAPPED.values()) == sum(
-        p.numel() for p in their_params.values())
-    return {name: c == 0 for name, c in counts.items()}
-
-
-def mapped_model(theirs: nn.Module) -> tuple[GPT, list[Link], dict[str, torch.Tensor]]:
-    """Our tiny record87 in float64 and eval mode with the record model's weights, sign table and rotary
-    frequencies; the links and the record's unmapped-element masks."""
-    ours = GPT(our_config()).double().eval()
-    assert ours.config.paired_head_layers == (0, 5) and ours.config.paired_head_layout == "split"
-    links = parameter_links(ours)
-    unmapped = check_coverage(links, theirs, ours)
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    with torch.no_grad():
-        for link in links:
-            our_params[link.ours].copy_(link(their_params[link.theirs]))
-        ours.bigram.signs = theirs.bigram_sign_table.clone()
-        frequencies = theirs.yarn.angular_freq[:2 * (HEAD_DIM // 4):2]            # each repeated twice, then 0s
-        torch.testing.assert_close(frequencies, ours.rotary_frequencies, rtol=1e-7, atol=0)   # fp32 rounding
-        ours.restore_schedule_state((ours.window_blocks, frequencies.clone(), theirs.yarn.attn_scale))
-    return ours, links, unmapped
-
-
-# ---- the comparison -------------------------------------------------------------------------------------------
-
-
-def compare(record, theirs: nn.Module, ours: GPT, links: list[Link], unmapped: dict[str, torch.Tensor],
-            windows: tuple[int, int]) -> dict[str, float]:
-    """Eval losses and every parameter's gradient of both models on #88's test batch, compared (#87's
-    ForwardScheduleConfig: no prefix weight); returns the relative errors (key ``loss`` and our names)."""
-    inputs, targets = batch()
-    bigram_inputs = record.get_bigram_hash(inputs)
-    assert torch.equal(bigram_inputs.long(), bigram_hash(inputs, BIGRAM_VOCAB))
-    schedule = record.ForwardScheduleConfig(mtp_weights=torch.ones(1, dtype=torch.float64),
-                                            ws_short=windows[0] * BLOCK, ws_long=windows[1] * BLOCK,
-                                            train_max_seq_len=SEQ_LEN)
-    theirs.zero_grad(set_to_none=True)
-    ours.zero_grad(set_to_none=True)
-    their_loss = theirs(inputs, targets, CU_SEQLENS, bigram_inputs, schedule).mean()
-    our_loss = ours(inputs, targets, CU_SEQLENS)
-    their_loss.backward()
-    our_loss.backward()
-    errors = {"loss": relative_error(our_loss.detach(), their_loss.detach())}
-    our_params, their_params = dict(ours.named_parameters()), dict(theirs.named_parameters())
-    for link in links:
-        assert our_params[link.ours].grad is not None, link.ours
-        errors[link.ours] = relative_error(our_params[link.ours].grad, link(their_params[link.theirs].grad))
-    for name, mask in unmapped.items():
-        grad = their_params[name].grad
-        assert grad is None or not grad[mask].any(), f"the record reads unmapped elements of {name}"
-    return errors
-
-
-def assert_small(errors: dict[str, float]) -> None:
-    assert errors["loss"] < 1e-12, errors["loss"]
-    worst = {name: e for name, e in errors.items() if e > 1e-9}
-    assert not worst, worst
+# #88's parameter map (test_record88_model.parameter_links) and its unmapped elements, each never read by #87's
+# forward either: #87's parameters are #88's, bank for bank (xsa_alphas of layers 0, 2, 5, 6, 9 unmapped: 2 and 9
+# are unpaired in #87); #88's batch (SEQ_LEN, CU_SEQLENS); #87's ForwardScheduleConfig has no prefix weight
+PARITY = ModelParity(our_config, parameter_links, UNMAPPED, SEQ_LEN, CU_SEQLENS, prefix_weight=False)
 
 
 def test_record87_eval_loss_and_gradients_match_the_records_own_gpt(record):
     theirs = record_model(record)
     assert theirs.paired_head_layers == [0, 5]
-    ours, links, unmapped = mapped_model(theirs)
-    assert ours.window_blocks == (1, 3)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(1, 3)))
+    PARITY.assert_match_at_the_first_stage(record, theirs)
 
 
 def test_after_a_yarn_window_change_they_still_match(record):
     """#87's second stage: (1, 3) -> (3, 7) blocks, its ``yarn.apply(12, 28)`` on both Yarns
     (TrainingManager.advance_schedule) against our ``set_window_blocks(3, 7)``; then the final validation's
     long window without YaRN (apply_final_ws_ext: ws_post_yarn_ext 20 blocks)."""
-    theirs = record_model(record, seed=7)
-    ours, links, unmapped = mapped_model(theirs)
-    with torch.no_grad():
-        for yarn in (theirs.yarn, theirs.yarn_paired_head):
-            yarn.apply(3 * BLOCK, 7 * BLOCK)
-    ours.set_window_blocks(3, 7)
-    torch.testing.assert_close(ours.rotary_frequencies, theirs.yarn.angular_freq[:2 * (HEAD_DIM // 4):2],
-                               rtol=1e-14, atol=0)
-    assert ours.attention_scale == pytest.approx(theirs.yarn.attn_scale, rel=1e-14)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(3, 7)))
-    ours.set_window_blocks(3, 20, rescale=False)
-    assert_small(compare(record, theirs, ours, links, unmapped, windows=(3, 20)))
+    PARITY.assert_match_after_a_window_change(record, record_model(record, seed=7))
 
 
 def test_records_87_and_88_share_yarn_and_attention():

@@ -16,7 +16,7 @@ parameter, the hyperparameters that each side uses (lr, betas, eps, weight decay
 decay factor against our ``step_factors``), and the lr factor and momentum of both schedules.
 
 Precision. The direction (momentum -> Polar Express -> NorMuon's variance reduction) and the weight step run in
-float64 on both sides: the record's low-precision casts are removed (tests/test_record88_model.py's
+float64 on both sides: the record's low-precision casts are removed (tests/record_models.py's
 ``Float64Eager``), ours runs on float64 parameters (working dtype and orthogonalization in float64). Measured: the
 Muon-updated weights agree to ~6e-14 of the step, the momentum buffers exactly, the second moments to ~1e-14.
 Adam cannot be compared in float64: our :class:`CautiousAdam` keeps its moments in fp32 whatever the parameter's
@@ -69,9 +69,9 @@ from speedrun.training.config import TrainConfig
 from speedrun.training.loop import store_weights
 
 from record_code import OnTheCpu, record_definitions
-from test_record88_model import (BIGRAM_DIM, BIGRAM_VOCAB, HEAD_DIM, MODEL_DIM, RECORD, RECORD_NAMES, SEQ_LEN,
-                                 WORLD_SIZE, Float64Eager, Link, mapped_model, our_config, parameter_links,
-                                 record_model, record_namespace, relative_error)
+from record_models import BIGRAM_VOCAB, HEAD_DIM, MODEL_DIM, WORLD_SIZE, Float64Eager, Link, relative_error
+from test_record88_model import (BIGRAM_DIM, RECORD, RECORD_NAMES, SEQ_LEN, mapped_model, our_config, parameter_links,
+                                 record_model, record_namespace)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "records" / "record88.yaml"
@@ -96,7 +96,7 @@ def strip_compile(node: ast.FunctionDef) -> int:
 
 
 class EagerOptimizer(Float64Eager):
-    """``Float64Eager`` (tests/test_record88_model.py) plus: ``@torch.compile(...)`` decorators removed (counted in
+    """``Float64Eager`` (tests/record_models.py) plus: ``@torch.compile(...)`` decorators removed (counted in
     ``compiled``)."""
 
     def __init__(self):
