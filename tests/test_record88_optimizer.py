@@ -7,12 +7,12 @@ Both sides start from the same weights (the record's GPT, moved off its initiali
 sparse rows for the embedding tables, nothing on the record's unmapped elements), step after step: the record
 through its own ``TrainingManager.step_optimizers`` (its param_table, adam/normuon defaults, lr schedule, momentum
 schedule, Adam on odd steps, the tied embed/lm_head and the split step's state copy), ours as the training loop does
-it (``_Run.train`` in src/speedrun/training/loop.py: :func:`build_optimizers` from the ``train`` section of
-configs/records/record88.yaml, the staged schedule's lr factor and momentum, ``fold_tied_gradients``, Adam every
-other step on the kept gradients, the untie step with ``copy_state``). Steps 0-3, then the record's split step S
-(911) and its neighbours S-1..S+3 (our untie step is S+1). After every step the test compares every parameter
-(mapped) and every state: Muon's momentum and NorMuon's second moment, Adam's moments and step counts; and, per
-parameter, the hyperparameters that each side uses (lr, betas, eps, weight decay; Muon's step lr and cautious
+it (``_Run.train``'s :func:`prepare_optimizers` and :func:`finish_optimizer_step`; :func:`build_optimizers` from
+the ``train`` section of configs/records/record88.yaml, the staged schedule's lr factor and momentum,
+``fold_tied_gradients``, Adam every other step on the kept gradients, the untie step with ``copy_state``).
+Steps 0-3, then the record's split step S (911) and its neighbours S-1..S+3 (our untie step is S+1). After every
+step the test compares every parameter (mapped) and every state: Muon's momentum and NorMuon's second moment,
+Adam's moments and step counts; and, per parameter, the hyperparameters that each side uses (lr, betas, eps, weight decay; Muon's step lr and cautious
 decay factor against our ``step_factors``), and the lr factor and momentum of both schedules.
 
 Precision. The direction (momentum -> Polar Express -> NorMuon's variance reduction) and the weight step run in
@@ -61,12 +61,11 @@ import yaml
 from torch import nn
 
 from speedrun.model.gpt import GPT
-from speedrun.optim.adam import set_adam_eps
 from speedrun.optim.groups import build_optimizers
-from speedrun.optim.muon import apply_update, row_blocks, step_factors
+from speedrun.optim.muon import apply_update, row_blocks, step_factors, step_settings
 from speedrun.optim.precision import join_bf16, split_fp32_
 from speedrun.training.config import TrainConfig
-from speedrun.training.loop import store_weights
+from speedrun.training.loop import finish_optimizer_step, prepare_optimizers, store_weights
 
 from record_code import OnTheCpu, record_definitions
 from record_models import BIGRAM_VOCAB, HEAD_DIM, MODEL_DIM, WORLD_SIZE, Float64Eager, Link, relative_error
@@ -270,9 +269,7 @@ def our_group(optimizers, param: torch.Tensor) -> tuple[torch.optim.Optimizer, d
 def our_muon_settings(group: dict, param: torch.Tensor) -> tuple[tuple, int]:
     """The settings of our Muon step on ``param`` as ``Muon._update_bank`` passes them to ``apply_update``
     (lr, weight decay, cautious, the decay's lr), and the rows of its blocks."""
-    settings = (group["lr"], group["weight_decay"], group["cautious_weight_decay"],
-                group["lr"] / group.get("lr_mul", 1.0))
-    return settings, group.get("block_rows") or param.size(0)
+    return step_settings(group), group.get("block_rows") or param.size(0)
 
 
 def train_config(path: Path) -> TrainConfig:
@@ -323,20 +320,12 @@ def run() -> Run:
             accumulate(p, grads[name])
         record.weight_steps.calls.clear()
         manager.step_optimizers(step)
-        # ours: _Run.train (src/speedrun/training/loop.py), its optimizer lines, with the same gradients
-        optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step), cfg.schedule_config())
-        if cfg.optimizer.adam_eps_units != cfg.optimizer.loss_units:
-            set_adam_eps(optimizers.optimizers, cfg.adam_eps_at(step))
-        if step == cfg.untie_step() and ours.tied:
-            ours.untie_embed_head()
-            optimizers.copy_state(ours.lm_head.weight, ours.embed.weight)
-        adam = optimizers.adam_updates_after(step)
+        # ours: the training loop's optimizer side (src/speedrun/training/loop.py), with the same gradients
+        adam = prepare_optimizers(cfg, optimizers, ours, step)
         for link in links:
             accumulate(our_params[link.ours], link(grads[link.theirs]))
-        ours.fold_tied_gradients()
-        optimizers.step(adam=adam)
-        optimizers.zero_grad(adam=adam)
-        ours.after_optimizer_step()
+        ours.fold_tied_gradients()                     # as train_step does after the backward passes
+        finish_optimizer_step(optimizers, ours, adam)
 
         qk_cfg = optimizer.param_cfgs[their_params["qk_bank"]]
         result.schedules[step] = ((qk_cfg.lr / qk_cfg.initial_lr, qk_cfg.momentum),

@@ -132,6 +132,13 @@ def step_factors(shape: torch.Size | tuple[int, ...], lr: float, weight_decay: f
     return lr_eff, decay, shrink
 
 
+def step_settings(group: dict) -> tuple[float, float, bool, float]:
+    """``(lr, weight_decay, cautious, decay_lr)`` of a Muon parameter group, as :func:`apply_update` and
+    :func:`step_factors` take them; the decay's lr is the group's lr without its ``lr_mul`` (the records scale
+    the cautious decay by the step's lr, multiplier included, and once more by the base lr)."""
+    return group["lr"], group["weight_decay"], group["cautious_weight_decay"], group["lr"] / group.get("lr_mul", 1.0)
+
+
 def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_decay: float,
                  cautious: bool, decay_lr: float | None = None) -> None:
     """In place on ``param`` (..., rows, cols), any float dtype, with the ``update`` of its shape in the
@@ -304,8 +311,7 @@ class Muon(torch.optim.Optimizer):
                      for j in range(slots)]
             noise = standard_normal(bank.shape, seeds, update.dtype, first.device)
             update = add_langevin_noise(update, group["langevin_sigma"], row_blocks(noise, block_rows))
-        settings = (group["lr"], group["weight_decay"], group["cautious_weight_decay"],
-                    group["lr"] / group.get("lr_mul", 1.0))
+        settings = step_settings(group)
         if state.mantissa is None:
             apply_update(row_blocks(params, block_rows), update, *settings)
             return params

@@ -178,6 +178,34 @@ def _dummy_batch(tokens: int, device: torch.device) -> Batch:
             torch.zeros(tokens, dtype=torch.int64, device=device), cu_seqlens)
 
 
+def prepare_optimizers(config: TrainConfig, optimizers: Optimizers, model: GPT, step: int) -> bool:
+    """The optimizer side of training step ``step`` (0-based) before its backward passes: the lr factor and Muon
+    momentum of the step (a staged schedule's values, else the plain schedule's), the records' Adam ε of the step
+    where its units differ from the loss's, and at the untie step the embedding untied from the head with the
+    head's optimizer state copied to it (record #88's split). Returns whether Adam updates after this step
+    (record #39: odd steps only; :meth:`Optimizers.adam_updates_after`)."""
+    staged = config.schedule.staged_schedule
+    if staged is None:
+        optimizers.apply_schedule(step, config.schedule_config())
+    else:
+        optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step), config.schedule_config())
+    if config.optimizer.adam_eps_units != config.optimizer.loss_units:
+        set_adam_eps(optimizers.optimizers, config.adam_eps_at(step))                # the records' ε, per stage
+    if step == config.untie_step() and model.tied:
+        model.untie_embed_head()
+        optimizers.copy_state(model.lm_head.weight, model.embed.weight)
+    return optimizers.adam_updates_after(step)
+
+
+def finish_optimizer_step(optimizers: Optimizers, model: GPT, adam: bool) -> None:
+    """Queue the updates of a step whose gradients are in place (Adam's only when ``adam``, as
+    :func:`prepare_optimizers` returned), clear the gradients they consumed (Adam's are kept until its next
+    update), then the model's after-step work (the tied copy, the next step's FP8 weights)."""
+    optimizers.step(adam=adam)
+    optimizers.zero_grad(adam=adam)
+    model.after_optimizer_step()
+
+
 def loss_weight_tensors(config: TrainConfig, step: int, device: torch.device) -> dict[str, torch.Tensor]:
     """The forward's loss-weight keywords of training step ``step`` under a staged schedule
     (:meth:`TrainConfig.loss_weights_at`): ``mtp_weights`` (K,) fp32 and, with the model's prefix-token loss,
@@ -352,29 +380,16 @@ class _Run:
         the update was queued before the loss was read, so that the GPU never waits for the host between the
         backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
         cfg = self.config
-        staged = cfg.schedule.staged_schedule
-        if staged is None:
-            self.optimizers.apply_schedule(step, cfg.schedule_config())
-        else:
-            self.optimizers.apply_values(step, staged.lr_factor(step), staged.muon_momentum(step),
-                                         cfg.schedule_config())
-        if cfg.optimizer.adam_eps_units != cfg.optimizer.loss_units:
-            set_adam_eps(self.optimizers.optimizers, cfg.adam_eps_at(step))         # the records' ε, per stage
         self.set_windows(step)
-        if step == cfg.untie_step() and self.model.tied:
-            self.model.untie_embed_head()
-            self.optimizers.copy_state(self.model.lm_head.weight, self.model.embed.weight)
+        adam = prepare_optimizers(cfg, self.optimizers, self.model, step)
         max_seq_len = cfg.batch_at(step)[1]
         self.phases.mark_first_step()
         mine = self.step_batches(step)
-        adam = self.optimizers.adam_updates_after(step)          # record #39: Adam on odd steps only
         mean = train_step(self.forward, self.model, mine, self.device, self.autocast, self.launch.world_size,
                           max_seq_len, self.optimizers.unreduced_parameters(step),
                           loss_weights=loss_weight_tensors(cfg, step, self.device),
                           loss_scale=cfg.loss_scale_at(step))
-        self.optimizers.step(adam=adam)
-        self.optimizers.zero_grad(adam=adam)
-        self.model.after_optimizer_step()                        # tied copy, the next step's FP8 weights
+        finish_optimizer_step(self.optimizers, self.model, adam)
         loss = float(mean.item())                                # the step's one host sync
         self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
         self.result.losses.append((step + 1, "train", loss))
