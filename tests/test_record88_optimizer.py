@@ -12,8 +12,9 @@ the ``train`` section of configs/records/record88.yaml, the staged schedule's lr
 ``fold_tied_gradients``, Adam every other step on the kept gradients, the untie step with ``copy_state``).
 Steps 0-3, then the record's split step S (911) and its neighbours S-1..S+3 (our untie step is S+1). After every
 step the test compares every parameter (mapped) and every state: Muon's momentum and NorMuon's second moment,
-Adam's moments and step counts; and, per parameter, the hyperparameters that each side uses (lr, betas, eps, weight decay; Muon's step lr and cautious
-decay factor against our ``step_factors``), and the lr factor and momentum of both schedules.
+Adam's moments and step counts; and, per parameter, the hyperparameters that each side uses (lr, betas, eps,
+weight decay; Muon's step lr and cautious decay factor against our ``step_factors``), and the lr factor and
+momentum of both schedules.
 
 Precision. The direction (momentum -> Polar Express -> NorMuon's variance reduction) and the weight step run in
 float64 on both sides: the record's low-precision casts are removed (tests/record_models.py's
