@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,13 +133,19 @@ def executed_record(script: Path, names: set[str], namespace: dict) -> SimpleNam
     return SimpleNamespace(**namespace)
 
 
-def record_gpt(record, max_seq_len: int, seed: int = 0) -> nn.Module:
-    """The record's GPT at the tiny shape (11 layers) in float64, eval mode, every parameter moved off its
-    initialization (zero inits included, so that a transposed or misplaced zero-initialized weight cannot
-    hide); ``max_seq_len`` sizes its RoPE tables (2 · max_seq_len rows, at least T)."""
+def initialized_record_gpt(record, max_seq_len: int, seed: int = 0) -> nn.Module:
+    """The record's GPT at the tiny shape (11 layers) in float64 and eval mode, as its own ``__init__`` leaves
+    it (torch's global RNG seeded with ``seed``); ``max_seq_len`` sizes its RoPE tables (2 · max_seq_len rows,
+    at least T)."""
     torch.manual_seed(seed)
-    model = record.GPT(vocab_size=VOCAB, num_layers=11, num_heads=HEADS, head_dim=HEAD_DIM, model_dim=MODEL_DIM,
-                       max_seq_len=max_seq_len).double().eval()
+    return record.GPT(vocab_size=VOCAB, num_layers=11, num_heads=HEADS, head_dim=HEAD_DIM, model_dim=MODEL_DIM,
+                      max_seq_len=max_seq_len).double().eval()
+
+
+def record_gpt(record, max_seq_len: int, seed: int = 0) -> nn.Module:
+    """:func:`initialized_record_gpt` with every parameter moved off its initialization (zero inits included,
+    so that a transposed or misplaced zero-initialized weight cannot hide)."""
+    model = initialized_record_gpt(record, max_seq_len, seed)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in model.parameters():
@@ -290,6 +297,43 @@ class ModelParity:
         assert sum(p.numel() for p in our_params.values()) + sum(self.unmapped.values()) == sum(
             p.numel() for p in their_params.values())
         return {name: c == 0 for name, c in counts.items()}
+
+    def assert_same_initialization(self, record_model: Callable[[int], nn.Module]) -> None:
+        """Our tiny model as our ``__init__`` leaves it has the record's initialization, parameter by mapped
+        parameter: ``record_model(seed)`` is the record's GPT fresh from its own ``__init__``
+        (:func:`initialized_record_gpt`), built for two seeds, as ours. An element equal under both seeds is
+        deterministic, and the same elements must be so in ours, equal to the record's (fp32 rounding: ours is
+        built in float32); the others are drawn, and per parameter ours must draw the same distribution: the
+        mean within 5 standard errors, the standard deviation within 2 % + 4 of its standard errors, and
+        max |x| / std (uniform √3, normal about 4-5 at these sizes) within 10 %. Parameters drawn equal in the
+        record (the tied embedding and head) are equal in ours, and only those."""
+        theirs = [dict(record_model(seed).named_parameters()) for seed in (0, 1)]
+        models = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            models.append(GPT(self.config()).double())
+        ours = [dict(model.named_parameters()) for model in models]
+        links = self.links(models[0])
+        drawn = {}
+        for link in links:
+            their_a, their_b = (link(params[link.theirs]).detach() for params in theirs)
+            our_a, our_b = (params[link.ours].detach() for params in ours)
+            fixed = their_a == their_b
+            assert torch.equal(our_a == our_b, fixed), f"{link.ours}: drawn elements other than {self.label}'s"
+            torch.testing.assert_close(our_a[fixed], their_a[fixed], rtol=1e-6, atol=0, msg=link.ours)
+            if fixed.all():
+                continue
+            mine, record = our_a[~fixed], their_a[~fixed]
+            n, std = record.numel(), record.std().item()
+            assert abs(mine.mean().item() - record.mean().item()) < 5 * std / math.sqrt(n), link.ours
+            assert abs(mine.std().item() / std - 1) < 0.02 + 4 / math.sqrt(2 * n), (link.ours, mine.std(), std)
+            shape_ratio = (mine.abs().max() / mine.std()) / (record.abs().max() / std)
+            assert abs(shape_ratio.item() - 1) < 0.10, (link.ours, shape_ratio)
+            drawn[link.ours] = (our_a, their_a)
+        tied = lambda x, y: x.shape == y.shape and torch.allclose(x, y, rtol=1e-6, atol=0)   # fp32 rounding
+        for a, b in itertools.combinations(drawn, 2):
+            (our_a, their_a), (our_b, their_b) = drawn[a], drawn[b]
+            assert tied(our_a, our_b) == tied(their_a, their_b), f"{a} and {b}: tied in one model only"
 
     def mapped_model(self, theirs: nn.Module) -> tuple[GPT, list[Link], dict[str, torch.Tensor]]:
         """Our tiny model (:attr:`config`) in float64 and eval mode with the record model's weights, bigram

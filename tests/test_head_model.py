@@ -71,7 +71,7 @@ from speedrun.model.gpt import GPT
 
 from record_code import SHARED_CODE
 from record_models import (HEAD_DIM, HEADS, MODEL_DIM, VOCAB, Link, ModelParity, bank_links, embedding_links,
-                           executed_record, record_gpt, tiny_config, tiny_namespace)
+                           executed_record, initialized_record_gpt, record_gpt, tiny_config, tiny_namespace)
 from test_record88_model import relu_sqrd_mlp
 
 RECORD = SHARED_CODE / "head" / "train_gpt.py"
@@ -209,6 +209,12 @@ PARITY = ModelParity(our_config, parameter_links, UNMAPPED, SEQ_LEN, CU_SEQLENS,
 
 def test_head_eval_loss_and_gradients_match_heads_own_gpt(record):
     PARITY.assert_match_at_the_first_stage(record, record_model(record))
+
+
+def test_head_initialization_is_heads(record):
+    """Ours fresh from its ``__init__`` draws what HEAD's ``GPT.__init__`` draws, parameter by mapped parameter
+    (:meth:`record_models.ModelParity.assert_same_initialization`), MUDD's gate nets and the DC weights included."""
+    PARITY.assert_same_initialization(lambda seed: initialized_record_gpt(record, SEQ_LEN // 2, seed))
 
 
 def test_after_a_yarn_window_change_they_still_match(record):

@@ -55,8 +55,9 @@ import torch
 import torch.nn.functional as F
 
 from record_code import SHARED_CODE, record_definitions
-from record_models import MODEL_DIM, ModelParity, executed_record, tiny_config, tiny_namespace
-from test_record88_model import BIGRAM_DIM, CU_SEQLENS, SEQ_LEN, UNMAPPED, parameter_links, record_model
+from record_models import MODEL_DIM, ModelParity, executed_record, initialized_record_gpt, tiny_config, tiny_namespace
+from test_record88_model import (BIGRAM_DIM, CU_SEQLENS, MAX_SEQ_LEN, SEQ_LEN, UNMAPPED, parameter_links,
+                                 record_model)
 
 RECORD = SHARED_CODE / "record87" / "train_gpt.py"
 RECORD88 = SHARED_CODE / "record88" / "train_gpt.py"
@@ -127,6 +128,12 @@ def test_record87_eval_loss_and_gradients_match_the_records_own_gpt(record):
     theirs = record_model(record)
     assert theirs.paired_head_layers == [0, 5]
     PARITY.assert_match_at_the_first_stage(record, theirs)
+
+
+def test_record87_initialization_is_the_records(record):
+    """Ours fresh from its ``__init__`` draws what #87's ``GPT.__init__`` draws, parameter by mapped parameter
+    (:meth:`record_models.ModelParity.assert_same_initialization`)."""
+    PARITY.assert_same_initialization(lambda seed: initialized_record_gpt(record, MAX_SEQ_LEN, seed))
 
 
 def test_after_a_yarn_window_change_they_still_match(record):

@@ -54,7 +54,7 @@ from speedrun.model.rotary import apply_rotary, rotary_table
 
 from record_code import SHARED_CODE
 from record_models import (HEAD_DIM, HEADS, MODEL_DIM, ROPE_TURNS_OPPOSITE, Link, ModelParity, bank_links,
-                           embedding_links, executed_record, record_gpt, relative_error, rope_row_signs, tiny_config,
+                           embedding_links, executed_record, initialized_record_gpt, record_gpt, relative_error, rope_row_signs, tiny_config,
                            tiny_namespace)
 
 RECORD = SHARED_CODE / "record88" / "train_gpt.py"
@@ -65,6 +65,7 @@ RECORD_NAMES = {"norm", "CastedLinearT", "Yarn", "AttnArgs", "CausalSelfAttentio
 BIGRAM_DIM = 24                                                  # the bigram rows cover the 12 gate channels
 SEQ_LEN = 96                                                     # T: a multiple of 16 (the record asserts it)
 CU_SEQLENS = torch.tensor([0, 20, 55, 83, 96, 96], dtype=torch.int32)     # four documents and a padding slot
+MAX_SEQ_LEN = 128                                                # the record's RoPE tables: 256 rows >= T
 
 
 # ---- the record's code, on the CPU in float64 --------------------------------------------------------------
@@ -93,7 +94,7 @@ def record():
 def record_model(record, seed: int = 0) -> nn.Module:
     """The record's GPT in float64, eval mode, every parameter moved off its initialization
     (:func:`record_models.record_gpt`); RoPE tables of 256 rows >= T."""
-    return record_gpt(record, max_seq_len=128, seed=seed)
+    return record_gpt(record, max_seq_len=MAX_SEQ_LEN, seed=seed)
 
 
 # ---- ours -------------------------------------------------------------------------------------------------
@@ -154,6 +155,12 @@ mapped_model = PARITY.mapped_model            # (theirs) -> (ours, links, unmapp
 
 def test_record88_eval_loss_and_gradients_match_the_records_own_gpt(record):
     PARITY.assert_match_at_the_first_stage(record, record_model(record))
+
+
+def test_record88_initialization_is_the_records(record):
+    """Ours fresh from its ``__init__`` draws what the record's ``GPT.__init__`` draws, parameter by mapped
+    parameter (:meth:`record_models.ModelParity.assert_same_initialization`), the tied embedding included."""
+    PARITY.assert_same_initialization(lambda seed: initialized_record_gpt(record, MAX_SEQ_LEN, seed))
 
 
 def test_after_a_yarn_window_change_they_still_match(record):
