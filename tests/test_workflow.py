@@ -164,6 +164,24 @@ def test_new_data_retrains_every_run(workflow, micro_config):
     assert proc.stdout.count(new_data) == runs
 
 
+def test_missing_shards_are_rebuilt_not_a_planning_error(workflow, micro_config, tmp_path):
+    """Shards moved aside (as speedrun train does with a damaged one) or deleted while their BOS index stays:
+    planning went on to read the missing manifest.json and stopped. Now a call whose runs are all done has
+    nothing to do, and one that adds a run plans the rebuild (tokenize, bos_index) before it."""
+    work = tmp_path / "copy"
+    shutil.copytree(workflow, work, symlinks=True)                          # copy2: the mtimes
+    shards = work / "results/shards/shakespeare"
+    shards.rename(shards.with_name("shakespeare.damaged-20261207T045458Z"))
+    assert _planned_jobs(_snakemake(work, "-n", "report")) == {}
+    cfg = json.loads(json.dumps(micro_config))
+    cfg["variants"]["baseline"]["seeds"].append(7)
+    _write_config(work, cfg)
+    proc = _snakemake(work, "-n", "report")
+    jobs = _planned_jobs(proc)
+    assert (jobs["tokenize"], jobs["bos_index"]) == (1, 1) and jobs["train"] >= 1
+    assert "results/train/baseline/seed7.txt" in proc.stdout
+
+
 def test_changing_one_variant_reruns_that_variant_only(workflow, micro_config):
     proc = _plan_with(workflow, micro_config,
                       lambda cfg: cfg["variants"]["candidate"]["train"].update(muon_lr=0.03), "report")

@@ -194,6 +194,11 @@ def get_bos_dir(wildcards):
         # checkpoint ran, and nothing then asks for the checkpoint): "Nothing to be done". As a plain input the
         # BOS index is built and the run redone; speedrun train checks that the data feed its steps at start.
         return bos_dir
+    if os.path.exists(bos_dir) and not os.path.exists(os.path.join(get_shards_dir(wildcards), "manifest.json")):
+        # The shards are gone (moved aside as damaged by speedrun train, or deleted) while their BOS index is
+        # still there: the checkpoint counts as done, so the data check below would read the missing manifest.
+        # As a plain input the shards and the BOS index are rebuilt first; speedrun train checks the data.
+        return bos_dir
     bos_dir = checkpoints.bos_index.get(dataset=DATASET).output[0]
     try:
         EXPERIMENT.check_data(wildcards.variant, get_shards_dir(wildcards), bos_dir)
