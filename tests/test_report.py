@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from speedrun import report
+from speedrun.analysis import report_plots
 from speedrun.analysis.report_inputs import (check_baseline, counted, load_runs, read_comparison, read_records,
                                              report_settings)
 from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_loss, plot_p_value_by_n, plot_val_loss,
@@ -154,6 +155,24 @@ def test_plots_are_png_files(runs, tmp_path):
     for name in "abcdef":
         assert png_ok(tmp_path / f"{name}.png"), name
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_run_that_diverged_early_stays_out_of_the_zoomed_panel(tmp_path, monkeypatch):
+    """Two complete runs of 60 scheduled steps and one that diverged after step 2 (its step-0 loss 10.83): the
+    zoomed panel shows the last half of the scheduled steps, where the diverged run logged nothing, so its
+    axes span the complete runs' losses only; a run without scheduled steps is zoomed on what it logged."""
+    saved = []
+    monkeypatch.setattr(report_plots, "_save", lambda fig, out: saved.append(fig))
+    rows = [("baseline", run, step, 10.83 - step * 0.1 - run * 0.01) for run in (0, 1) for step in range(0, 61, 10)]
+    rows += [("wild", 2, 0, 10.83), ("wild", 2, 2, 10.9)]
+    curves = pd.DataFrame(rows, columns=["variant", "run", "step", "val_loss"])
+    plot_val_loss(curves, tmp_path / "v.png", target=4.5, zoom_last_fraction=0.5,
+                  scheduled=pd.Series([60, 60, 60]))
+    zoomed = saved[0].axes[1]
+    assert [len(line.get_xdata()) for line in zoomed.get_lines() if line.get_marker() == "."] == [4, 4]
+    assert zoomed.get_ylim()[1] < 8.0 and zoomed.get_xlim()[0] > 20
+    plot_val_loss(curves, tmp_path / "v.png", target=4.5, zoom_last_fraction=0.5)    # own logged steps
+    assert [len(line.get_xdata()) for line in saved[1].axes[1].get_lines() if line.get_marker() == "."] == [4, 4, 1]
 
 
 def test_main_writes_every_output(paths, tmp_path, capsys):

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", required=True, metavar="PATH",
                         help="baseline runs: a directory of logs or parsed-run .json files, or one file")
     parser.add_argument("--candidate", required=True, metavar="PATH", help="candidate runs, as --baseline")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the bundle folder to create (must not exist)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="the bundle folder to create (must not exist, or be an empty folder)")
     parser.add_argument("--title", help="the README's title (default: '<candidate dir> vs <baseline dir>')")
     add_group_test_options(parser, paths="--baseline and --candidate", sides=True)
     add_side_description_options(parser)

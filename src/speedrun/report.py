@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     write_text(out / "summary.md", render_summary(summary, comparisons, runs, baseline, target, alpha, records,
                                                   described_variants(args.describe), args.replicates))
     mask = runs["counted"]
-    plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction)
+    plot_val_loss(curves, out / "val_loss.png", target, args.zoom_last_fraction, runs["steps"])
     plot_val_loss_band(val_loss_bands(curves[curves["run"].map(mask)]), out / "val_loss_band.png", target,
                        args.zoom_last_fraction)
     plot_final_val_loss(runs, out / "final_val_loss.png", target)

@@ -61,11 +61,25 @@ def _zoom_from(steps: pd.Series, zoom_last_fraction: float) -> float:
     return max_step * (1 - zoom_last_fraction)
 
 
-def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_fraction: float) -> None:
+def _zoom_start(run: pd.DataFrame, scheduled: pd.Series | None, zoom_last_fraction: float) -> float:
+    """The first step of ``run``'s zoom: the last fraction of its scheduled steps where known, else of its
+    own logged steps (:func:`plot_val_loss`)."""
+    steps = None if scheduled is None else scheduled.get(run["run"].iloc[0])
+    if steps is None or pd.isna(steps):
+        return _zoom_from(run["step"], zoom_last_fraction)
+    return float(steps) * (1 - zoom_last_fraction)
+
+
+def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_fraction: float,
+                  scheduled: pd.Series | None = None) -> None:
     """val_loss against step, one line per run coloured by variant; right panel: the last part zoomed.
 
     ``curves``: one row per validation line with columns variant, step, val_loss and run (the run's row in the
     run table: one line per run, also when seeds are unknown, as in the public logs, or repeated).
+    ``scheduled``: per run (indexed as ``curves["run"]``) its scheduled steps, NaN where unknown. The zoom of a
+    run is the last ``zoom_last_fraction`` of its scheduled steps, so that a run that stopped early (diverged,
+    truncated) shows there only what it logged in that part, if anything, and cannot stretch the axes with
+    its early losses; a run without scheduled steps is zoomed on the last part of what it logged.
     """
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -75,8 +89,10 @@ def plot_val_loss(curves: pd.DataFrame, out: Path, target: float, zoom_last_frac
         labelled = set()
         for _, run in curves.groupby("run", sort=False):
             variant = run["variant"].iloc[0]
-            # each run's own last part: a shorter (or truncated) run is zoomed too, not dropped
-            part = run[run["step"] >= _zoom_from(run["step"], zoom_last_fraction)] if zoom else run
+            # each run's own last part: a run with fewer scheduled steps is zoomed too, not dropped
+            part = run[run["step"] >= _zoom_start(run, scheduled, zoom_last_fraction)] if zoom else run
+            if part.empty:
+                continue
             label = None if variant in labelled else variant
             labelled.add(variant)
             ax.plot(part["step"], part["val_loss"], color=colors[variant], alpha=0.8, marker=".", label=label)
