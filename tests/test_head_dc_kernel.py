@@ -25,6 +25,7 @@ import torch
 from speedrun.model.dc import dc_attention_reference, document_starts
 
 from record_code import SHARED_CODE
+from record_models import relative_error
 from triton_interpreter import interpreted_fixture
 
 HEAD_DC = SHARED_CODE / "head" / "dc_triton_kernels.py"
@@ -96,9 +97,8 @@ def ours(inputs: dict[str, torch.Tensor], window: int) -> dict[str, torch.Tensor
 
 
 def errors(theirs: dict[str, torch.Tensor], mine: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per tensor: max |HEAD's - ours| / max |ours|."""
-    return {name: ((theirs[name].double() - mine[name]).abs().max() / mine[name].abs().max()).item()
-            for name in mine}
+    """Per tensor: max |HEAD's - ours| / max |ours| (:func:`record_models.relative_error`)."""
+    return {name: relative_error(theirs[name].double(), mine[name]) for name in mine}
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
+from speedrun.data.dataset import MANIFEST
 from speedrun.errors import SpeedrunError
 from speedrun.workflow.planning import (check_config_syntax, check_dataset_named, replace_default_variants,
                                        resolve_experiment, schema_error_message)
@@ -188,16 +189,16 @@ def get_bos_dir(wildcards):
     except SpeedrunError as error:
         fail_planning(str(error))
     bos_dir = f"results/bos_index/{DATASET}"
-    if not os.path.exists(bos_dir) and os.path.exists(f"results/train/{wildcards.variant}/seed{wildcards.seed}.txt"):
-        # A run trained on other data (data.name changed): Snakemake does not rerun a job whose output exists
-        # while an input waits for a checkpoint that has not run (it looks at such a job again only after the
-        # checkpoint ran, and nothing then asks for the checkpoint): "Nothing to be done". As a plain input the
-        # BOS index is built and the run redone; speedrun train checks that the data feed its steps at start.
-        return bos_dir
-    if os.path.exists(bos_dir) and not os.path.exists(os.path.join(get_shards_dir(wildcards), "manifest.json")):
-        # The shards are gone (moved aside as damaged by speedrun train, or deleted) while their BOS index is
-        # still there: the checkpoint counts as done, so the data check below would read the missing manifest.
-        # As a plain input the shards and the BOS index are rebuilt first; speedrun train checks the data.
+    trained = os.path.exists(f"results/train/{wildcards.variant}/seed{wildcards.seed}.txt")
+    shards_gone = not os.path.exists(os.path.join(get_shards_dir(wildcards), MANIFEST))
+    if os.path.exists(bos_dir) and shards_gone or not os.path.exists(bos_dir) and trained:
+        # As a plain input, not through the checkpoint, where the checkpoint's answer would be wrong. Shards gone
+        # (moved aside as damaged by speedrun train, or deleted) while their BOS index stays: the checkpoint counts
+        # as done, and the data check below would read the missing manifest. A run trained on other data
+        # (data.name changed): Snakemake does not rerun a job whose output exists while an input waits for a
+        # checkpoint that has not run (it looks at such a job again only after the checkpoint ran, and nothing
+        # then asks for the checkpoint): "Nothing to be done". Either way the data are built first and the run
+        # (re)done; speedrun train checks at start that the data feed its steps.
         return bos_dir
     bos_dir = checkpoints.bos_index.get(dataset=DATASET).output[0]
     try:
