@@ -193,6 +193,25 @@ def test_a_fresh_cache_gives_the_per_call_products_bit_for_bit():
     assert 1e-3 < rel_error(got[0], x.detach().double() @ layer.weight.detach().double().T) < FP8_MATRIX_TOLERANCE
 
 
+def test_a_bf16_weights_cache_keeps_no_bf16_copy_and_gives_the_per_call_products_bit_for_bit():
+    """The records' bf16 weights: the cache stores w8 and its scale only, and hands out the weight itself as
+    the bf16 backward's operand (no copy written per refresh); products and gradients as per call."""
+    g = torch.Generator().manual_seed(13)
+    layer = FP8Linear(32, 48, fp8=True).to(torch.bfloat16)
+    x = torch.randn(16, 32, generator=g).bfloat16().requires_grad_()
+    upstream = torch.randn(16, 48, generator=g)
+    ref = _forward_backward(layer, x, layer.weight, upstream)
+    layer.quantize_weight_()
+    cache = layer.weight_cache
+    w8, w_scale, w_back = cache.operands(layer.weight)
+    assert cache.w_back.numel() == 0 and w_back.data_ptr() == layer.weight.data_ptr()
+    assert torch.equal(w8.float(), quantize(layer.weight)[0].float()) and torch.equal(w_scale, quantize(layer.weight)[1])
+    cache.enabled = True
+    assert _equal(_forward_backward(layer, x, layer.weight, upstream), ref)
+    layer.float().quantize_weight_()                                     # a wider weight: its bf16 copy again
+    assert cache.w_back.dtype == torch.bfloat16 and torch.equal(cache.w_back, layer.weight.detach().bfloat16())
+
+
 def test_a_cache_is_used_until_refreshed_and_never_in_evaluation():
     g = torch.Generator().manual_seed(11)
     layer = FP8Linear(32, 48, fp8=True)

@@ -7,7 +7,8 @@ and the plain PyTorch reference against the float64 MLP within FP8 tolerance, fo
 cases use values that e4m3 represents exactly: powers of two times the amax (448 = 1.75·2⁸).
 
 In Triton's interpreter (CPU, a child process, ``slow`` mark; tests/triton_interpreter.py): the FP8 up
-projection with every autotune config against float64 (post, the tile amaxes, post8 and its saturation).
+projection with every autotune config against float64 (post, the tile amaxes, post8 and its saturation), and
+its variant without the FP8 down product (post alone) against it.
 
 On CUDA (``gpu`` mark): the Triton kernel against the reference at the record's shape (T=16384, C=768,
 F=3072), forward and the input and weight gradients, eager and under torch.compile(fullgraph=True).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speedrun.errors import SpeedrunError
 from speedrun.model.config import build_model_config
 from speedrun.model.fp8 import E4M3, E4M3_MAX, quantize
 from speedrun.model.fp8_mlp import DelayedFP8WeightCache, fp8_mlp_reference, next_post_scale
@@ -70,28 +72,44 @@ def test_the_post_scale_is_the_previous_forwards_amax_times_the_headroom():
     assert not outs[2].float()[3:].any()
 
 
-def test_without_the_fp8_down_projection_post_leaves_in_bf16_and_the_scale_is_not_used():
+def test_without_the_fp8_down_projection_post_leaves_in_bf16_and_no_delayed_scale_exists():
     """fp8_mlp_down false (records #84-#88): with the diagonal weights (x = 3, -2, 1.5 exact in e4m3 at the
-    per-tensor scale 3/448), post = relu(x)² = 9, 0, 2.25 leaves unquantized in bf16: the delayed post scale
-    (here 1/64, which saturates e4m3 at 448/64 = 7) never clips it, as it does with the FP8 down projection,
-    and proj is no FP8 layer."""
+    per-tensor scale 3/448), post = relu(x)² = 9, 0, 2.25 leaves unquantized in bf16, where the FP8 down
+    projection's delayed post scale (here 1/64, which saturates e4m3 at 448/64 = 7) clips it; proj is no FP8
+    layer, has no weight cache, and the module keeps no post scale (nothing reads one)."""
     mlp = MLP(build_model_config("tiny", {**FUSED, "fp8_mlp_down": False})).train()
     with torch.no_grad():
         eye = torch.eye(64, mlp.fc.weight.size(0))
         mlp.fc.weight.copy_(eye.t())
         mlp.proj.weight.copy_(eye)
-        mlp.post_scale.fill_(1 / 64)
     x = torch.zeros(8, 64)
     x[0, 0], x[1, 1], x[2, 2] = 3.0, -2.0, 1.5                    # relu(x)² = 9, 0, 2.25: bf16-exact
     out = mlp(x)
     assert not mlp.proj.fp8 and mlp.fc.fp8
+    assert mlp.proj.weight_cache is None and not hasattr(mlp, "post_scale")
     assert out.dtype == torch.bfloat16
     assert (out[0, 0].item(), out[1, 1].item(), out[2, 2].item()) == (9.0, 0.0, 2.25)
-    assert float(mlp.post_scale) == pytest.approx(9.0 * 1.80 / 448, rel=1e-6)   # still tracked (amax 9)
     fp8_down = MLP(build_model_config("tiny", FUSED)).train()
     fp8_down.load_state_dict(mlp.state_dict())
     fp8_down.post_scale.fill_(1 / 64)
     assert fp8_down(x)[0, 0].item() == 7.0                       # post8 saturates at 448 x 1/64 = 7
+
+
+def test_without_the_fp8_down_projection_the_reference_needs_no_w2_operands():
+    """fp8_mlp_down false: the reference takes no W2 cache and no post scale (w2 itself in bf16), returns no
+    amax, and gives the result of the call with W2's bf16 operand, gradients included; with the FP8 down
+    product, missing operands are an error that names them."""
+    x, w1, w2, g_out = random_mlp_inputs()
+    results = []
+    for w2_fp8 in (None, operands(w2)):
+        xs, w1s, w2s = (t.clone().bfloat16().requires_grad_() for t in (x, w1, w2))
+        out, amax = fp8_mlp_reference(xs, w1s, w2s, operands(w1), w2_fp8, None, down_fp8=False)
+        assert amax is None
+        results.append((out, *torch.autograd.grad(out, (xs, w1s, w2s), g_out.bfloat16())))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(SpeedrunError, match="needs w2_fp8 and post_scale"):
+        fp8_mlp_reference(x, w1, w2, operands(w1), None, None)
 
 
 def test_evaluation_is_bf16_and_leaves_the_post_scale_alone():
@@ -238,7 +256,8 @@ def _interpreter_child(out_path) -> None:
         (x8, x_scale), (w8, w_scale) = quantize(x), quantize(w1)
         post_scale = torch.tensor(0.004)                                  # 448 · 0.004 = 1.79: some saturate
         got = kernels.relu_square_matmul_fp8(x8, w8, x_scale * w_scale, post_scale)
-        return {"inputs": (x8, x_scale, w8, w_scale, post_scale), "got": got}
+        up = kernels.relu_square_matmul_fp8_up(x8, w8, x_scale * w_scale)   # the same kernel, post alone
+        return {"inputs": (x8, x_scale, w8, w_scale, post_scale), "got": got, "up": up}
 
     save_every_config(out_path, kernels._FP8_CONFIGS, [kernels._relu_square_fp8_kernel], INTERPRETED, run_case)
 
@@ -268,6 +287,8 @@ def test_interpreted_fp8_kernel_matches_float64_with_every_config(interpreted, c
         assert carry.float().mean() < 0.1 and kept.float().mean() > 0.9
         torch.testing.assert_close(post8.double()[kept], exact8[kept], rtol=2 ** -3, atol=2 ** -9)
         assert rel_error(post8.double()[kept] * float(post_scale), want.clamp(max=limit)[kept]) < 2 ** -4
+        # records #84-#88's up projection alone (no e4m3 post, no amax): the same post, bit for bit
+        assert run["up"].dtype == torch.bfloat16 and torch.equal(run["up"], post)
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
@@ -278,25 +299,30 @@ def cuda_inputs(tokens: int, dim: int = 768, hidden: int = 3072):
     return x.cuda().bfloat16(), w1.cuda(), w2.cuda(), g_out.cuda().bfloat16()
 
 
-def fp8_results(fn, x, w1, w2, g_out, post_scale):
+def fp8_results(fn, x, w1, w2, g_out, post_scale, down_fp8=True):
     xs, w1s, w2s = (t.detach().clone().requires_grad_() for t in (x, w1, w2))
-    out, amax = fn(xs, w1s, w2s, operands(w1), operands(w2), post_scale)
+    w2_fp8 = operands(w2) if down_fp8 else None
+    out, amax = fn(xs, w1s, w2s, operands(w1), w2_fp8, post_scale if down_fp8 else None, down_fp8)
     return (out, *torch.autograd.grad(out, (xs, w1s, w2s), g_out)), amax
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("down_fp8", [True, False], ids=["fp8_down", "bf16_down"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_cuda_fused_fp8_mlp_matches_the_reference_at_the_records_shape(compiled):
+def test_cuda_fused_fp8_mlp_matches_the_reference_at_the_records_shape(compiled, down_fp8):
     from speedrun.kernels.relu_square_mlp import relu_square_mlp_fp8
 
     x, w1, w2, g_out = cuda_inputs(16384)
     pre = x.float() @ w1.t()
     post_scale = (torch.relu(pre).square().amax() * 1.8 / 448).float()
     fused = torch.compile(relu_square_mlp_fp8, fullgraph=True) if compiled else relu_square_mlp_fp8
-    got, got_amax = fp8_results(fused, x, w1, w2, g_out, post_scale)
-    want, want_amax = fp8_results(fp8_mlp_reference, x, w1, w2, g_out, post_scale)
-    assert float(got_amax) == pytest.approx(float(want_amax), rel=1e-3)
+    got, got_amax = fp8_results(fused, x, w1, w2, g_out, post_scale, down_fp8)
+    want, want_amax = fp8_results(fp8_mlp_reference, x, w1, w2, g_out, post_scale, down_fp8)
+    if down_fp8:
+        assert float(got_amax) == pytest.approx(float(want_amax), rel=1e-3)
+    else:
+        assert got_amax is None and want_amax is None
     # same quantization: only the accumulation order and a few e4m3 roundings of post differ
     for name, g, w in zip(("out", "g_x", "g_w1", "g_w2"), got, want):
         assert rel_error(g, w) < 1e-2, name

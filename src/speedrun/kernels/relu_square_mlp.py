@@ -17,7 +17,9 @@ Shape legend: T tokens, C model_dim, F hidden width (4·C).
   forward product takes e4m3 x and W1 (fp32 accumulation, then the dequantization scale) and its epilogue
   writes post twice, in bf16 for the backward and in e4m3 divided by the layer's delayed scale (saturating
   at 448) for the down projection, which runs in ``torch._scaled_mm``; each tile also writes its max of
-  post, so the next scale costs no extra pass over post. The backward is the bf16 one above.
+  post, so the next scale costs no extra pass over post. Records #84-#88 multiply the down projection in
+  bf16: then the epilogue writes post alone (``relu_square_matmul_fp8_up``). The backward is the bf16 one
+  above.
   Why the up projection is a Triton FP8 product rather than ``_scaled_mm`` and a separate ReLU² +
   quantize kernel: the epilogue then reads nothing, whereas the split would write and read ``pre`` (T, F)
   in bf16 once more (about 0.6 GB at T=49152).
@@ -164,10 +166,11 @@ def _relu_square_grad_kernel(g_ptr, w_ptr, post_ptr, g_pre_ptr, M, N, K,
 @triton.jit
 def _relu_square_fp8_kernel(x_ptr, w_ptr, dequant_ptr, post_scale_ptr, post_ptr, post8_ptr, amax_ptr, M, N, K,
                             stride_xm, stride_xk, stride_wk, stride_wn, stride_pm, stride_pn,
-                            EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """From e4m3 X (M, K) and W (K, N): post = relu(dequant · X W)² (M, N) in post's 16-bit dtype, post8 =
-    min(post / post_scale, 448) (M, N) e4m3, and this program's max of post into amax[program]."""
+                            DOWN_FP8: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """From e4m3 X (M, K) and W (K, N): post = relu(dequant · X W)² (M, N) in post's 16-bit dtype; with
+    DOWN_FP8 also post8 = min(post / post_scale, 448) (M, N) e4m3 and this program's max of post into
+    amax[program] (without it, post_scale_ptr, post8_ptr and amax_ptr are never read or written)."""
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = _matmul_tile(x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, pid_m, pid_n,
                        EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -175,9 +178,10 @@ def _relu_square_fp8_kernel(x_ptr, w_ptr, dequant_ptr, post_scale_ptr, post_ptr,
     post = relu * relu                                                    # fp32
     offsets, mask = _tile_offsets(pid_m, pid_n, M, N, stride_pm, stride_pn, BLOCK_M, BLOCK_N)
     tl.store(post_ptr + offsets, post.to(post_ptr.dtype.element_ty), mask=mask)
-    post8 = tl.minimum(post * (1.0 / tl.load(post_scale_ptr)), 448.0)
-    tl.store(post8_ptr + offsets, post8.to(post8_ptr.dtype.element_ty), mask=mask)
-    tl.store(amax_ptr + tl.program_id(0), tl.max(tl.max(tl.where(mask, post, 0.0), axis=1), axis=0))
+    if DOWN_FP8:
+        post8 = tl.minimum(post * (1.0 / tl.load(post_scale_ptr)), 448.0)
+        tl.store(post8_ptr + offsets, post8.to(post8_ptr.dtype.element_ty), mask=mask)
+        tl.store(amax_ptr + tl.program_id(0), tl.max(tl.max(tl.where(mask, post, 0.0), axis=1), axis=0))
 
 
 def _check_operands(name: str, *tensors: torch.Tensor) -> None:
@@ -263,8 +267,30 @@ def relu_square_matmul_fp8(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: 
     wrap_triton(_relu_square_fp8_kernel)[_grid(M, N)](
         x8, w1_8, dequant_scale, post_scale, post, post8, partial_amax, M, N, K,
         x8.stride(0), x8.stride(1), w1_8.stride(1), w1_8.stride(0), post.stride(0), post.stride(1),
-        EVEN_K=K % _K_QUANTUM == 0)
+        DOWN_FP8=True, EVEN_K=K % _K_QUANTUM == 0)
     return post, post8, partial_amax
+
+
+@triton_op("speedrun::relu_square_matmul_fp8_up", mutates_args={})
+def relu_square_matmul_fp8_up(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: torch.Tensor) -> torch.Tensor:
+    """The FP8 up projection alone (records #84-#88, whose down product is bf16): post = relu(dequant_scale ·
+    x8 w1_8ᵀ)² (T, F) bf16 from x8 (T, C) and w1_8 (F, C) e4m3 and ``dequant_scale`` () fp32, accumulated in
+    fp32. The kernel of :func:`relu_square_matmul_fp8` without its e4m3 copy of post and its tile amaxes,
+    which only an FP8 down product reads: a byte per element of post less to write.
+
+    Raises :class:`SpeedrunError` as :func:`relu_square_matmul_fp8`.
+    """
+    _check_fp8_operands(x8, w1_8, dequant_scale, dequant_scale)
+    (M, K), N = x8.shape, w1_8.size(0)
+    post = torch.empty((M, N), dtype=torch.bfloat16, device=x8.device)
+    if post.numel() == 0:
+        return post
+    unused = torch.empty(1, dtype=torch.float32, device=x8.device)   # the post8, amax and scale pointers
+    wrap_triton(_relu_square_fp8_kernel)[_grid(M, N)](
+        x8, w1_8, dequant_scale, unused, post, unused, unused, M, N, K,
+        x8.stride(0), x8.stride(1), w1_8.stride(1), w1_8.stride(0), post.stride(0), post.stride(1),
+        DOWN_FP8=False, EVEN_K=K % _K_QUANTUM == 0)
+    return post
 
 
 def _check_fp8_operands(x8, w1_8, dequant_scale, post_scale) -> None:
@@ -321,24 +347,26 @@ FP8Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 class _ReluSquareMLPFP8(torch.autograd.Function):
     """FP8 forward of ``relu(x W1ᵀ)² W2ᵀ`` (records #84, #89), bf16 backward from x, post and the weights'
-    bf16 copies; returns (out, amax of post), the amax not differentiable."""
+    bf16 copies; returns (out, amax of post), the amax not differentiable, or with ``down_fp8`` False (records
+    #84-#88: w2_8, w2_scale and post_scale None) out alone."""
 
     @staticmethod
     def forward(ctx, x, w1, w2, w1_8, w1_scale, w1_back, w2_8, w2_scale, w2_back, post_scale, down_fp8=True):
         x8, x_scale = quantize(x)                                           # (T, C) e4m3, amax / 448
+        ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
+        if not down_fp8:                                        # records #84-#88: the down product in bf16
+            post = relu_square_matmul_fp8_up(x8, w1_8, x_scale * w1_scale)   # (T, F) bf16
+            ctx.save_for_backward(x.to(torch.bfloat16), w1_back, w2_back, post)
+            return torch.mm(post, w2_back.t())                              # (T, C) bf16
         post, post8, partial_amax = relu_square_matmul_fp8(x8, w1_8, x_scale * w1_scale, post_scale)
-        if down_fp8:
-            out = scaled_mm(post8, post_scale, w2_8, w2_scale)              # (T, C) bf16
-        else:                                                   # records #84-#88: the down product in bf16
-            out = torch.mm(post, w2_back.t())                               # (T, C) bf16
+        out = scaled_mm(post8, post_scale, w2_8, w2_scale)                  # (T, C) bf16
         amax = partial_amax.amax()
         ctx.mark_non_differentiable(amax)
-        ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
         ctx.save_for_backward(x.to(torch.bfloat16), w1_back, w2_back, post)
         return out, amax
 
     @staticmethod
-    def backward(ctx, g_out, _g_amax):
+    def backward(ctx, g_out, *_g_amax):
         x, w1, w2, post = ctx.saved_tensors                     # bf16: (T, C), (F, C), (C, F), (T, F)
         x_dtype, w1_dtype, w2_dtype = ctx.dtypes
         g_out = g_out.to(torch.bfloat16)
@@ -350,28 +378,38 @@ class _ReluSquareMLPFP8(torch.autograd.Function):
 
 
 def relu_square_mlp_fp8(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_fp8: FP8Operands,
-                        w2_fp8: FP8Operands, post_scale: torch.Tensor,
-                        down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                        w2_fp8: FP8Operands | None, post_scale: torch.Tensor | None,
+                        down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``relu(x W1ᵀ)² W2ᵀ`` with both products in FP8 and a bf16 backward (records #84, #89); the
     reference, the same quantization in plain PyTorch, is :func:`speedrun.model.fp8_mlp.fp8_mlp_reference`.
 
     x (..., C) float (bf16 in training), quantized per tensor with amax/448 at every call; w1 (F, C) and
-    w2 (C, F) the parameters (only their gradients and dtypes are used); ``w1_fp8`` = (w1 (F, C) e4m3, its
-    scale () fp32, w1 (F, C) bf16) and ``w2_fp8`` = (w2 (C, F) e4m3, scale, w2 (C, F) bf16), the FP8 weight
-    caches' operands (:class:`speedrun.model.fp8.FP8WeightCache`); ``post_scale`` () fp32, the delayed scale
-    of post = relu(pre)² (speedrun.model.fp8_mlp). The up projection runs in the Triton kernel
-    (:func:`relu_square_matmul_fp8`, e4m3 tensor-core products, fp32 accumulation), which writes post in
-    bf16 for the backward and in e4m3 for the down projection ``torch._scaled_mm(post8, w2_8ᵀ)`` (row-major
-    post8, column-major w2_8ᵀ of the row-major (C, F) cache: the layout cuBLAS accepts on Hopper, fast
-    accumulation). With ``down_fp8`` False (records #84-#88) the down product is ``post W2ᵀ`` in bf16 from
-    the bf16 ``w2_fp8[2]``. Backward as :func:`relu_square_mlp` in bf16 from x, post and the bf16 weights.
+    w2 (C, F) the parameters (only their gradients and dtypes are used, and w2 itself without ``w2_fp8``);
+    ``w1_fp8`` = (w1 (F, C) e4m3, its scale () fp32, w1 (F, C) bf16) and ``w2_fp8`` = (w2 (C, F) e4m3, scale,
+    w2 (C, F) bf16), the FP8 weight caches' operands (:class:`speedrun.model.fp8.FP8WeightCache`);
+    ``post_scale`` () fp32, the delayed scale of post = relu(pre)² (speedrun.model.fp8_mlp). The up projection
+    runs in the Triton kernel (:func:`relu_square_matmul_fp8`, e4m3 tensor-core products, fp32
+    accumulation), which writes post in bf16 for the backward and in e4m3 for the down projection
+    ``torch._scaled_mm(post8, w2_8ᵀ)`` (row-major post8, column-major w2_8ᵀ of the row-major (C, F) cache:
+    the layout cuBLAS accepts on Hopper, fast accumulation). With ``down_fp8`` False (records #84-#88) the
+    kernel writes post alone (:func:`relu_square_matmul_fp8_up`) and the down product is ``post W2ᵀ`` in
+    bf16 from ``w2_fp8[2]``, or from w2 cast to bf16 when ``w2_fp8`` is None; ``post_scale`` is unused (may be
+    None). Backward as :func:`relu_square_mlp` in bf16 from x, post and the bf16 weights.
 
-    Returns (out (..., C) bf16, amax () fp32 = max(post)): the caller derives the next post_scale from it.
-    On CUDA, C and F must be multiples of 16. Raises :class:`SpeedrunError` as :func:`relu_square_matmul_fp8`.
+    Returns (out (..., C) bf16, amax () fp32 = max(post)): the caller derives the next post_scale from it;
+    with ``down_fp8`` False (out, None). On CUDA, C and F must be multiples of 16. Raises
+    :class:`SpeedrunError` as :func:`relu_square_matmul_fp8`, and when ``down_fp8`` lacks ``w2_fp8`` or
+    ``post_scale``.
     """
     require(x.size(-1) == w1.size(1) and w2.shape == w1.shape[::-1],
            f"relu_square_mlp_fp8: x {tuple(x.shape)} (..., C), w1 {tuple(w1.shape)} (F, C) and w2 "
            f"{tuple(w2.shape)} (C, F) do not chain")
-    out, amax = _ReluSquareMLPFP8.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale,
-                                        down_fp8)
+    require(not down_fp8 or (w2_fp8 is not None and post_scale is not None),
+           "relu_square_mlp_fp8: the FP8 down product (down_fp8) needs w2_fp8 and post_scale")
+    x2d = x.reshape(-1, x.size(-1))
+    if not down_fp8:
+        w2_back = w2.to(torch.bfloat16) if w2_fp8 is None else w2_fp8[2]
+        out = _ReluSquareMLPFP8.apply(x2d, w1, w2, *w1_fp8, None, None, w2_back, None, False)
+        return out.reshape(*x.shape[:-1], w2.size(0)), None
+    out, amax = _ReluSquareMLPFP8.apply(x2d, w1, w2, *w1_fp8, *w2_fp8, post_scale, True)
     return out.reshape(*x.shape[:-1], w2.size(0)), amax

@@ -123,10 +123,11 @@ class FP8WeightCache(nn.Module):
     place (a compiled graph holds their storage and reads the new values, as the model's schedule buffers):
     ``w8`` (N, K) e4m3 and ``w_scale`` () fp32, the forward operand exactly as :func:`quantize` makes it with
     ``scales.weight`` (dynamic amax/448, or the head's fixed scale); ``w_back``, the backward's operand of
-    dL/dx = g W: the weight in bf16 (N, K) for the bf16 backward, or ``w8.t().contiguous()`` (K, N) e4m3 for
-    the FP8 backward (``scales.backward``, the head's). Memory per weight of N·K elements: 3·N·K bytes (bf16
-    backward) or 2·N·K bytes (FP8 backward), held for the whole run (e.g. 85M QKV/O/MLP weights: 85 MB e4m3
-    + 170 MB bf16).
+    dL/dx = g W: ``w8.t().contiguous()`` (K, N) e4m3 for the FP8 backward (``scales.backward``, the head's),
+    else the weight in bf16 (N, K): a bf16 copy of a wider weight, and none of a bf16 weight, whose
+    :meth:`operands` give the weight itself (the records' bf16 weights: a copy would cost two launches and
+    2·N·K bytes per refresh for the same values). Memory per weight of N·K elements: N·K bytes (bf16
+    weight), 3·N·K bytes (wider weight) or 2·N·K bytes (FP8 backward), held for the whole run.
 
     Used only while ``enabled`` (default False, set by :meth:`speedrun.model.gpt.GPT.use_fp8_weight_cache`),
     so direct calls (tests, notebooks) quantize per call. Nothing detects a weight changed since the last
@@ -147,9 +148,21 @@ class FP8WeightCache(nn.Module):
         """Quantize ``weight`` (N, K) float into the buffers: in place when their shape, dtype and device
         already fit, else as new buffers (the first fill, or after ``.to()`` casts)."""
         w8, w_scale = quantize(weight, self.scales.weight)
-        back = (transposed(w8) if self.scales.backward                  # (K, N) e4m3, or (N, K) bf16: a copy,
-                else weight.detach().to(torch.bfloat16, copy=True))      # also of a bf16 weight (not the weight)
-        for name, value in (("w8", w8), ("w_scale", w_scale), ("w_back", back)):
+        self._store({"w8": w8, "w_scale": w_scale, "w_back": self._backward_copy(weight, w8)})
+
+    def _backward_copy(self, weight: torch.Tensor, w8: torch.Tensor) -> torch.Tensor | None:
+        """The ``w_back`` to store: w8ᵀ (K, N) e4m3 for the FP8 backward, a bf16 copy (N, K) of a wider
+        weight, or None for a bf16 weight (:meth:`operands` then hands out the weight)."""
+        if self.scales.backward:
+            return transposed(w8)
+        return None if weight.dtype == torch.bfloat16 else weight.detach().to(torch.bfloat16)
+
+    def _store(self, values: dict[str, torch.Tensor | None]) -> None:
+        """Write each value into its buffer in place when shape, dtype and device fit, else replace the
+        buffer (the first fill, or after ``.to()`` casts); a None value leaves its buffer as it is."""
+        for name, value in values.items():
+            if value is None:
+                continue
             buffer = getattr(self, name)
             if (buffer.shape, buffer.dtype, buffer.device) == (value.shape, value.dtype, value.device):
                 buffer.copy_(value)
@@ -160,11 +173,13 @@ class FP8WeightCache(nn.Module):
         """``(w8, w_scale, w_back)`` for ``weight`` (N, K). Raises ``RuntimeError`` when the cache was never
         filled for a weight of that shape (or was cast since): call
         :meth:`speedrun.model.gpt.GPT.quantize_fp8_weights` first."""
-        if self.w8.dtype != E4M3 or self.w8.shape != weight.shape or self.w_scale.dtype != torch.float32:
+        own_back = self.scales.backward or weight.dtype != torch.bfloat16
+        if (self.w8.dtype != E4M3 or self.w8.shape != weight.shape or self.w_scale.dtype != torch.float32
+                or (own_back and self.w_back.numel() != weight.numel())):
             raise RuntimeError(f"the FP8 weight cache is switched on but holds no FP8 copy of this "
                                f"{tuple(weight.shape)} weight: call GPT.quantize_fp8_weights() (after every "
                                "optimizer step) or switch the cache off (GPT.use_fp8_weight_cache(False))")
-        return self.w8, self.w_scale, self.w_back
+        return self.w8, self.w_scale, self.w_back if own_back else weight.detach()
 
     def extra_repr(self) -> str:
         return f"enabled={self.enabled}, backward={'fp8' if self.scales.backward else 'bf16'}"

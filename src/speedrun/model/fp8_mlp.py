@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from speedrun.errors import SpeedrunError
 from speedrun.model.fp8 import DYNAMIC_SCALES, E4M3, E4M3_MAX, FP8WeightCache
 
 POST_HEADROOM = 1.80
@@ -61,7 +62,7 @@ class DelayedFP8WeightCache(FP8WeightCache):
     headroom/448. The first ``bootstrap_refreshes`` refreshes (default 17: in training the one before step 0
     and those after steps 0-15, HEAD's ``bootstrap_down=(step < 16)``) use the current weight's own amax/448
     instead. Buffers as the base class (``w8`` (N, K) e4m3, ``w_scale`` () fp32 the scale used, ``w_back``
-    (N, K) bf16) plus ``next_scale`` () fp32; ``refreshes`` counts the refreshes so far (a host int: the
+    (N, K) bf16 for a wider weight only) plus ``next_scale`` () fp32; ``refreshes`` counts the refreshes so far (a host int: the
     refresh runs outside compiled graphs). ``scales`` is the dynamic policy's (the operands fit
     :func:`speedrun.model.fp8.fp8_linear` with a bf16 backward).
     """
@@ -81,15 +82,9 @@ class DelayedFP8WeightCache(FP8WeightCache):
         """Quantize ``weight`` (N, K) float into the buffers with the delayed scale (see the class)."""
         amax = weight.detach().abs().amax().float().clamp_min(_MIN_AMAX)
         scale = amax / E4M3_MAX if self.bootstrapping else self.next_scale.clone()
-        values = {"w8": quantize_with_scale(weight, scale), "w_scale": scale,
-                  "w_back": weight.detach().to(torch.bfloat16, copy=True),       # a copy, also of a bf16 weight
-                  "next_scale": amax * (self.headroom / E4M3_MAX)}
-        for name, value in values.items():
-            buffer = getattr(self, name)
-            if (buffer.shape, buffer.dtype, buffer.device) == (value.shape, value.dtype, value.device):
-                buffer.copy_(value)
-            else:
-                setattr(self, name, value)
+        w8 = quantize_with_scale(weight, scale)
+        self._store({"w8": w8, "w_scale": scale, "w_back": self._backward_copy(weight, w8),
+                     "next_scale": amax * (self.headroom / E4M3_MAX)})
         self.refreshes += 1
 
     def extra_repr(self) -> str:
@@ -111,7 +106,7 @@ class _FP8MLPReference(torch.autograd.Function):
             out = ((post8.float() * post_scale) @ (w2_8.float() * w2_scale).t()).to(torch.bfloat16)  # (T, C)
         else:                                                   # records #84-#88: the down product in bf16
             out = (post.to(torch.bfloat16).float() @ w2_back.float().t()).to(torch.bfloat16)        # (T, C)
-        amax = post.amax() if post.numel() else torch.zeros((), device=x.device)
+        amax = post.amax() if down_fp8 and post.numel() else torch.zeros((), device=x.device)
         ctx.mark_non_differentiable(amax)
         ctx.dtypes = (x.dtype, w1.dtype, w2.dtype)
         ctx.save_for_backward(x.to(torch.bfloat16), w1_back, w2_back, post.to(torch.bfloat16))
@@ -128,17 +123,22 @@ class _FP8MLPReference(torch.autograd.Function):
 
 
 def fp8_mlp_reference(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w1_fp8: FP8Operands,
-                      w2_fp8: FP8Operands, post_scale: torch.Tensor,
-                      down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                      w2_fp8: FP8Operands | None, post_scale: torch.Tensor | None,
+                      down_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain PyTorch ``relu(x W1ᵀ)² W2ᵀ`` with the quantization of
     :func:`speedrun.kernels.relu_square_mlp.relu_square_mlp_fp8` (same arguments and results; any device):
     x (..., C) quantized per tensor (amax/448), the weights' e4m3 operands dequantized, fp32 products,
-    post quantized with ``post_scale`` and saturated at 448, the down product rounded to bf16; with
-    ``down_fp8`` False (records #84-#88, the up projection alone in FP8) the down product is post (bf16) times
-    the bf16 ``w2_fp8[2]``, and ``post_scale``, ``w2_fp8[0]``, ``w2_fp8[1]`` are unused. Returns
-    (out (..., C) bf16, amax () fp32 of post, before its quantization). Differentiable in x, w1 and w2:
-    the bf16 backward of the records (from x, post and the weights' bf16 copies ``w1_fp8[2]``,
-    ``w2_fp8[2]``), with fp32 products.
+    post quantized with ``post_scale`` and saturated at 448, the down product rounded to bf16, and (out
+    (..., C) bf16, amax () fp32 of post, before its quantization) returned. With ``down_fp8`` False (records
+    #84-#88, the up projection alone in FP8) the down product is post (bf16) times the bf16 ``w2_fp8[2]``,
+    or w2 cast to bf16 when ``w2_fp8`` is None, ``post_scale`` is unused (may be None) and the amax is
+    None. Differentiable in x, w1 and w2: the bf16 backward of the records (from x, post and the weights'
+    bf16 copies ``w1_fp8[2]``, ``w2_fp8[2]``), with fp32 products. ``SpeedrunError`` when ``down_fp8``
+    lacks ``w2_fp8`` or ``post_scale``.
     """
+    if down_fp8 and (w2_fp8 is None or post_scale is None):
+        raise SpeedrunError("fp8_mlp_reference: the FP8 down product (down_fp8) needs w2_fp8 and post_scale")
+    if not down_fp8:
+        w2_fp8 = (None, None, w2.to(torch.bfloat16) if w2_fp8 is None else w2_fp8[2])
     out, amax = _FP8MLPReference.apply(x.reshape(-1, x.size(-1)), w1, w2, *w1_fp8, *w2_fp8, post_scale, down_fp8)
-    return out.reshape(*x.shape[:-1], w2.size(0)), amax
+    return out.reshape(*x.shape[:-1], w2.size(0)), amax if down_fp8 else None

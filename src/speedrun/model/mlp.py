@@ -15,7 +15,8 @@ Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the 
   (amax/448), W1 from its per-step weight cache, the fused kernel's epilogue writing post = relu(pre)² in
   bf16 (for the backward) and in e4m3 with the layer's delayed scale (``post_scale``: the previous training
   forward's amax(post) · 1.80/448), W2 from a weight cache with a delayed scale (1.12/448 of the previous
-  refresh's amax, bootstrapped for 17 refreshes), the down product in ``torch._scaled_mm``. On CUDA the
+  refresh's amax, bootstrapped for 17 refreshes), the down product in ``torch._scaled_mm`` (with
+  ``fp8_mlp_down`` false: post in bf16 alone, the down product bf16 from ``proj.weight``). On CUDA the
   Triton kernel (:func:`speedrun.kernels.relu_square_mlp.relu_square_mlp_fp8`), elsewhere the same
   quantization in plain PyTorch (:func:`speedrun.model.fp8_mlp.fp8_mlp_reference`).
 """
@@ -50,7 +51,9 @@ class MLP(nn.Module):
     :class:`speedrun.model.fp8_mlp.DelayedFP8WeightCache`) while they are switched on, else quantizes both
     weights per call (amax/448); it multiplies post with the buffer ``post_scale`` () fp32 (non-persistent,
     1.0 at construction) and then overwrites it with ``amax(post) · 1.80/448`` for the next training
-    forward. Its compute dtype is bf16 (x is cast); C and F must be multiples of 16 on CUDA.
+    forward. With ``config.fp8_mlp_down`` false (records #84-#88) proj has no weight cache and the module no
+    ``post_scale``: the down product is bf16 from ``proj.weight``, and the kernel writes no e4m3 post. Its
+    compute dtype is bf16 (x is cast); C and F must be multiples of 16 on CUDA.
 
     Raises :class:`SpeedrunError` for an unknown kernel; in forward, on CUDA with ``"triton"``, when the
     ``triton`` package is missing or the compute dtype is not 16-bit.
@@ -70,7 +73,7 @@ class MLP(nn.Module):
         self.fused_fp8 = config.fp8_mlp and kernel == "triton"
         self.down_fp8 = config.fp8_mlp_down
         self._fused_fp8 = optional_kernel("relu_square_mlp", "relu_square_mlp_fp8") if self.fused_fp8 else None
-        if self.fused_fp8:
+        if self.fused_fp8 and self.down_fp8:         # the FP8 down product's delayed scales (record #89)
             self.proj.weight_cache = DelayedFP8WeightCache()
             self.register_buffer("post_scale", torch.ones((), dtype=torch.float32), persistent=False)
 
@@ -91,8 +94,10 @@ class MLP(nn.Module):
             raise SpeedrunError("model.mlp_kernel 'triton' needs the triton package, which is not installed")
         fn = self._fused_fp8 if x.is_cuda else fp8_mlp_reference
         x = x.to(torch.bfloat16) if x.is_cuda else x
+        if not self.down_fp8:                        # records #84-#88: the down product in bf16 from proj.weight
+            return fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), None, None, False)[0]
         out, amax = fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), _fp8_operands(self.proj),
-                       self.post_scale, self.down_fp8)
+                       self.post_scale, True)
         with torch.no_grad():
             self.post_scale.copy_(next_post_scale(amax))                # the delayed scale of the next forward
         return out
