@@ -226,7 +226,8 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
     while :; do
         (cd $ROOT && tar czf "$OUT/parity-logs.tar.gz.tmp" --exclude='*.trace.json.gz' --exclude=ours-data -- *.out *.txt *.log *.json \
             ours-*/ profiles/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz"
-         cp profiles/*.trace.json.gz "$OUT"/ 2>/dev/null)   # the records' traces (ours stay: 8 files a call)
+         cp profiles/*.trace.json.gz ours-*/*.trace.json.gz "$OUT"/ 2>/dev/null)   # both sides' traces (for
+        # benchmarks/trace_breakdown.py; a call brings back at most 8 files: the logs' tar and a few traces)
         [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && ! session_alive && break
         [ "$(date +%s)" -ge $deadline ] && break
         sleep 15
