@@ -10,11 +10,13 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch._dynamo.testing import CompileCounter
 
 from speedrun.model.config import build_model_config
 from speedrun.model.fp8 import (E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, FP8WeightCache, fp8_linear, fp8_matmul,
-                                quantize)
+                                quantize, refresh_caches_)
+from speedrun.model.fp8_mlp import DelayedFP8WeightCache
 from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.training.config import TrainConfig
@@ -275,6 +277,59 @@ def test_the_heads_cached_weight_gives_the_per_call_loss_and_gradients_bit_for_b
 TINY_GPT = dict(vocab_size=64, n_layer=2, model_dim=32, n_head=2, head_dim=16, attention_backend="reference",
                 logit_softcap=23.0, softcap_kind="shifted_sigmoid", loss_chunk_tokens=8)
 ALL_FP8 = dict(fp8_attention=True, fp8_mlp=True, fp8_head=True)
+
+
+class _CountOperators(TorchDispatchMode):
+    """Counts the ATen operators dispatched inside it (each one a kernel launch or more on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _buffers(cache: FP8WeightCache) -> list[torch.Tensor]:
+    """The cache's buffers as bits (e4m3 as uint8), for comparing bit for bit."""
+    return [b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b for b in cache.buffers()]
+
+
+def test_refreshing_caches_together_writes_the_bits_of_refreshing_each_in_far_fewer_operators():
+    """``refresh_caches_`` (the step's refresh, GPT.quantize_fp8_weights): eleven filled dynamic caches of bf16
+    weights of one shape (an all-zero one among them: the minimum amax) go in one batch, two fp32 weights of
+    another shape in a second (their bf16 backward copies too), and a head cache, a delayed cache, a lone shape and
+    a first fill alone; every buffer equals what ``refresh_`` one by one writes. The eleven take a fixed handful of
+    operators, not ten each."""
+    gen = torch.Generator().manual_seed(3)
+    weights = [torch.randn(32, 16, generator=gen).bfloat16() for _ in range(11)]
+    weights += [torch.randn(16, 16, generator=gen) * 3, torch.randn(16, 16, generator=gen),
+                torch.randn(48, 16, generator=gen).bfloat16()]
+    kinds = [FP8WeightCache] * 14 + [lambda: FP8WeightCache(HEAD_SCALES), DelayedFP8WeightCache, FP8WeightCache]
+    weights += [torch.randn(64, 16, generator=gen) * 0.01, torch.randn(32, 16, generator=gen), weights[0] * 2]
+    pairs = [(kind(), w) for kind, w in zip(kinds, weights)]
+    alone = [(kind(), w) for kind, w in zip(kinds, weights)]
+    for (cache, w), (single, _) in zip(pairs[:-1], alone[:-1]):       # filled once from other values (the last: never)
+        cache.refresh_(w * 0.5)
+        single.refresh_(w * 0.5)
+    assert [c.batchable(w) for c, w in pairs] == [True] * 14 + [False] * 3
+    with torch.no_grad():
+        for w in weights:
+            w.add_(0.25)                                            # the step's update
+        weights[4].zero_()
+    refresh_caches_(pairs)
+    for cache, w in alone:
+        cache.refresh_(w)
+    for (cache, _), (single, _) in zip(pairs, alone):
+        assert all(torch.equal(a, b) for a, b in zip(_buffers(cache), _buffers(single), strict=True))
+    zero = pairs[4][0]
+    assert zero.w_scale.item() == pytest.approx(1e-12 / E4M3_MAX, rel=1e-6) and not zero.w8.float().any()
+    with _CountOperators() as batch:
+        refresh_caches_(pairs[:11])
+    with _CountOperators() as one:
+        refresh_caches_(pairs[:1])
+    assert batch.count <= 20 < 11 * one.count, (batch.count, one.count)      # measured: 14 against 11 x 11
 
 
 def _gpt_batch(tokens: int = 24, vocab: int = 64):

@@ -26,7 +26,7 @@ from speedrun.kernels import optional_kernel
 from speedrun.model import flash
 from speedrun.model.attention import PackedDocuments, attention
 from speedrun.model.config import GPTConfig
-from speedrun.model.fp8 import UNIT_SCALES, FP8Linear, FP8WeightCache, fp8_linear
+from speedrun.model.fp8 import UNIT_SCALES, FP8Linear, FP8WeightCache, fp8_linear, refresh_caches_
 from speedrun.model.gates import AttentionGate, ValueEmbedGate
 from speedrun.model.init import init_input_, init_output_
 from speedrun.model.mlp import MLP
@@ -264,8 +264,12 @@ class CausalSelfAttention(nn.Module):
     def quantize_weight_(self) -> None:
         """Refresh ``qkv_fp8`` from the current stacked QKV weight (nothing without ``fp8_attention``; ``o``
         refreshes its own cache)."""
-        if self.qkv_fp8 is not None:
-            self.qkv_fp8.refresh_(self._qkv_weight())
+        refresh_caches_(self.weight_cache_pairs())
+
+    def weight_cache_pairs(self) -> list[tuple[FP8WeightCache, torch.Tensor]]:
+        """``[(qkv_fp8, stacked QKV weight)]``, or none without ``fp8_attention``: what
+        :func:`speedrun.model.fp8.refresh_caches_` refreshes."""
+        return [] if self.qkv_fp8 is None else [(self.qkv_fp8, self._qkv_weight())]
 
     def _qkv_weight(self) -> torch.Tensor:
         """The stacked projection weights [Wq; Wk; Wv] (3·H·Dh, C), as one product (and its cache) uses them."""

@@ -31,6 +31,7 @@ Shape legend: M rows (tokens), K input features, N output features.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -169,6 +170,14 @@ class FP8WeightCache(nn.Module):
             else:
                 setattr(self, name, value)
 
+    def batchable(self, weight: torch.Tensor) -> bool:
+        """Whether :func:`refresh_caches_` may refresh this cache in a batch with others: a plain cache (no
+        delayed scale) of the dynamic weight scale and bf16 backward, already filled for ``weight``'s shape
+        and device (the first fill goes through :meth:`refresh_`)."""
+        return (type(self) is FP8WeightCache and self.scales.weight is None and not self.scales.backward
+                and self.w8.dtype == E4M3 and self.w8.shape == weight.shape and self.w8.device == weight.device
+                and self.w_scale.shape == () and self.w_scale.dtype == torch.float32)
+
     def operands(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w8, w_scale, w_back)`` for ``weight`` (N, K). Raises ``RuntimeError`` when the cache was never
         filled for a weight of that shape (or was cast since): call
@@ -183,6 +192,44 @@ class FP8WeightCache(nn.Module):
 
     def extra_repr(self) -> str:
         return f"enabled={self.enabled}, backward={'fp8' if self.scales.backward else 'bf16'}"
+
+
+@torch.no_grad()
+def refresh_caches_(pairs: Sequence[tuple["FP8WeightCache", torch.Tensor]]) -> None:
+    """Refresh every ``(cache, weight)`` of ``pairs`` as ``cache.refresh_(weight)`` would, bit for bit, with the
+    equal ones in one batch: filled caches of the dynamic weight scale and bf16 backward (the QKV/O and MLP
+    projections') whose weights share one shape, dtype and device are quantized together
+    (:func:`quantize_batch_`), in about ten kernel launches whatever their number (eleven MLP input weights:
+    about 120 host operators one by one); any other pair (a delayed or fixed scale, an FP8 backward, a first
+    fill) is refreshed alone. Called once per optimizer step (:meth:`speedrun.model.gpt.GPT.quantize_fp8_weights`).
+    """
+    batches: dict[tuple, list[tuple[FP8WeightCache, torch.Tensor]]] = {}
+    for cache, weight in pairs:
+        if cache.batchable(weight):
+            batches.setdefault((weight.shape, weight.dtype, weight.device), []).append((cache, weight))
+        else:
+            cache.refresh_(weight)
+    for members in batches.values():
+        if len(members) == 1:
+            members[0][0].refresh_(members[0][1])
+            continue
+        quantize_batch_([w for _, w in members], [c.w8 for c, _ in members], [c.w_scale for c, _ in members])
+        for cache, weight in members:
+            cache._store({"w_back": cache._backward_copy(weight, cache.w8)})
+
+
+@torch.no_grad()
+def quantize_batch_(weights: Sequence[torch.Tensor], w8s: Sequence[torch.Tensor],
+                    scales: Sequence[torch.Tensor]) -> None:
+    """:func:`quantize` with the dynamic scale of each of ``weights`` (n tensors of one shape (N, K), float,
+    one device), written in place into ``w8s`` (n e4m3 (N, K)) and ``scales`` (n () fp32): the same values, in
+    a fixed number of launches (the n maxima in one multi-tensor reduction, the n weights quantized as one
+    (n, N, K) stack, written back with multi-tensor copies) instead of about ten per weight."""
+    amax = torch.stack(torch._foreach_norm(list(weights), ord=float("inf"))).float()     # (n,) max |w| each
+    scale = amax.clamp_min_(_MIN_AMAX).div_(E4M3_MAX)
+    stacked = (torch.stack(list(weights)).float() / scale.view(-1, 1, 1)).to(E4M3)         # (n, N, K) e4m3
+    torch._foreach_copy_(list(w8s), list(stacked.unbind(0)))
+    torch._foreach_copy_(list(scales), list(scale.unbind(0)))
 
 
 class _FP8Linear(torch.autograd.Function):
@@ -265,8 +312,11 @@ class FP8Linear(nn.Linear):
     @torch.no_grad()
     def quantize_weight_(self) -> None:
         """Refresh :attr:`weight_cache` from the current weight (nothing without a cache)."""
-        if self.weight_cache is not None:
-            self.weight_cache.refresh_(self.weight)
+        refresh_caches_(self.weight_cache_pairs())
+
+    def weight_cache_pairs(self) -> list[tuple[FP8WeightCache, torch.Tensor]]:
+        """``[(weight_cache, weight)]``, or none without a cache: what :func:`refresh_caches_` refreshes."""
+        return [] if self.weight_cache is None else [(self.weight_cache, self.weight)]
 
     @property
     def runs_fp8(self) -> bool:

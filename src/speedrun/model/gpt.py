@@ -32,7 +32,7 @@ from speedrun.model.bigram import BigramEmbedding
 from speedrun.model.block import AttentionContext, Block, CausalSelfAttention
 from speedrun.model.config import GPTConfig
 from speedrun.model.embeddings import Smear, ValueEmbeddings
-from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache
+from speedrun.model.fp8 import HEAD_SCALES, FP8Linear, FP8WeightCache, refresh_caches_
 from speedrun.model.init import init_output_, init_torch_linear_inputs_
 from speedrun.model.loss import linear_cross_entropy
 from speedrun.model.mudd import CoefficientNet, DenseConnections, MuddGates
@@ -298,11 +298,10 @@ class GPT(nn.Module):
         :class:`speedrun.model.fp8.FP8Linear` (O, the MLP's two) and the head's (``config.fp8_head``). Call
         after every optimizer step (after :meth:`sync_tied_embedding`) and before the first while
         :meth:`use_fp8_weight_cache` is on. Nothing without FP8 paths."""
-        for module in self.modules():
-            if isinstance(module, (FP8Linear, CausalSelfAttention)):
-                module.quantize_weight_()
+        pairs = [pair for module in self._fp8_owners() for pair in module.weight_cache_pairs()]
         if self.head_fp8 is not None:
-            self.head_fp8.refresh_(self.lm_head.weight)
+            pairs.append((self.head_fp8, self.lm_head.weight))
+        refresh_caches_(pairs)                          # the MLP's input weights in one batch (about ten launches)
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -310,8 +309,26 @@ class GPT(nn.Module):
         (while tied), then :meth:`quantize_fp8_weights` (while :meth:`use_fp8_weight_cache` is on). Every
         loop that steps the optimizers calls this (the train stage, the benchmarks)."""
         self.sync_tied_embedding()
-        if any(m.enabled for m in self.modules() if isinstance(m, FP8WeightCache)):
+        if any(m.enabled for m in self._fp8_caches()):
             self.quantize_fp8_weights()
+
+    def _fp8_owners(self) -> list[nn.Module]:
+        """The modules that own FP8 weight caches (:class:`FP8Linear`, :class:`CausalSelfAttention`): see
+        :meth:`_fp8_modules`."""
+        return self._fp8_modules()[0]
+
+    def _fp8_caches(self) -> list[FP8WeightCache]:
+        """Every FP8 weight cache of the model (the owners' and the head's): see :meth:`_fp8_modules`."""
+        return self._fp8_modules()[1]
+
+    def _fp8_modules(self) -> tuple[list[nn.Module], list[FP8WeightCache]]:
+        """(cache owners, caches), found on the first call (the modules are fixed at construction; the first
+        call is the refresh before the compile) and kept: the step's refresh does not walk the module tree."""
+        if "_fp8_module_lists" not in self.__dict__:
+            self._fp8_module_lists = (
+                [m for m in self.modules() if isinstance(m, (FP8Linear, CausalSelfAttention))],
+                [m for m in self.modules() if isinstance(m, FP8WeightCache)])
+        return self._fp8_module_lists
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, then the FP8 weight caches refreshed from the loaded weights when
