@@ -2,7 +2,8 @@
 reference it replaces on CUDA: in Triton's interpreter on the CPU (a child process, tests/triton_interpreter.py)
 and on CUDA (``gpu`` mark). Three steps of fp32 and bf16 parameters, with and without cautious decay, a size
 that is no multiple of the kernel's block; the eager update is itself tested against the records' formula in
-tests/test_optim.py and tests/test_bf16_weights.py."""
+tests/test_optim.py and tests/test_bf16_weights.py. The many-parameter launch (``cautious_adam_many_``, the
+step's small parameters) against the one-parameter kernel, bit for bit."""
 
 from __future__ import annotations
 
@@ -56,7 +57,42 @@ def _interpreter_child(out_path: Path) -> None:
     for name, (numel, dtype, decay) in CASES.items():
         steps = 3 if dtype == torch.float32 else 1
         results[name] = tuple(run_case(numel, dtype, decay, fused, steps) for fused in (True, False))
+    results["many"] = run_many()
     torch.save(results, out_path)
+
+
+MANY_SIZES = [(1, torch.float32), (2, torch.float32), (72, torch.bfloat16), (2049, torch.float32),
+              (64 * 768, torch.bfloat16), (65536, torch.float32), (5, torch.bfloat16)]
+
+
+def many_case(seed: int = 5):
+    """Parameters of MANY_SIZES (numel, dtype) with gradients, fp32 moments and settings that differ per parameter
+    (betas, eps, step size, decay), moments already warm."""
+    g = torch.Generator().manual_seed(seed)
+    params = [(torch.randn(n, generator=g) * 0.1).to(dtype) for n, dtype in MANY_SIZES]
+    grads = [torch.randn(n, generator=g).to(dtype) for n, dtype in MANY_SIZES]
+    moments = [(torch.randn(n, generator=g) * 0.1, torch.rand(n, generator=g) * 0.01) for n, _ in MANY_SIZES]
+    hyper = [(0.9 - 0.05 * i, 0.95 + 0.005 * i, 1e-10 * (i + 1), 0.01 * (i + 1), 0.5 * i) for i in range(len(MANY_SIZES))]
+    # fp32 values, as a GPU kernel receives its float arguments (the interpreter keeps them wider: one-ulp differences)
+    return params, grads, moments, [tuple(float(torch.tensor(x, dtype=torch.float32)) for x in h) for h in hyper]
+
+
+def run_many():
+    """Two steps of ``cautious_adam_many_`` over :func:`many_case` and of ``cautious_adam_`` one parameter at a
+    time: the parameters and moments of each."""
+    from speedrun.kernels.adam import cautious_adam_, cautious_adam_many_
+
+    out = {}
+    for name in ("many", "one"):
+        params, grads, moments, hyper = many_case()
+        for _ in range(2):
+            if name == "many":
+                cautious_adam_many_(params, grads, [m for m, _ in moments], [v for _, v in moments], hyper)
+            else:
+                for p, grad, (m, v), h in zip(params, grads, moments, hyper):
+                    cautious_adam_(p, grad, m, v, *h)
+        out[name] = (params, moments)
+    return out
 
 
 interpreted = interpreted_fixture(__file__)
@@ -83,6 +119,28 @@ def test_interpreted_kernel_matches_the_eager_update(interpreted, name):
     fused, eager = interpreted[name]
     fp32 = CASES[name][1] == torch.float32
     assert_same_update(fused, eager, CASES[name], steps=3 if fp32 else 1, rounds_to_nearest=fp32)
+
+
+def test_interpreted_many_parameter_launch_equals_one_launch_per_parameter(interpreted):
+    """Parameters of 1 to 65,536 elements, fp32 and bf16 (two launches), each with its own settings: the same
+    bits as the one-parameter kernel, and every parameter moved."""
+    many, one = interpreted["many"]["many"], interpreted["many"]["one"]
+    start, _, _, _ = many_case()
+    for p, q, p0 in zip(many[0], one[0], start, strict=True):
+        assert torch.equal(p, q) and not torch.equal(p, p0)
+    for (m, v), (m1, v1) in zip(many[1], one[1], strict=True):
+        assert torch.equal(m, m1) and torch.equal(v, v1)
+
+
+def test_the_many_parameter_launch_rejects_a_large_or_mismatched_parameter():
+    pytest.importorskip("triton")
+    from speedrun.kernels.adam import MANY_MAX_NUMEL, cautious_adam_many_
+
+    big, small = torch.zeros(MANY_MAX_NUMEL + 1), torch.zeros(3)
+    with pytest.raises(SpeedrunError, match="parameter 1 must have at most 65536 elements"):
+        cautious_adam_many_([small, big], [small, big], [small, big], [small, big], [(0.9, 0.95, 1e-8, 0.1, 0.0)] * 2)
+    with pytest.raises(SpeedrunError, match="parameter 0 .*fp32 moments"):
+        cautious_adam_many_([small], [small], [small.bfloat16()], [small], [(0.9, 0.95, 1e-8, 0.1, 0.0)])
 
 
 def test_bad_arguments_raise_speedrun_error():
@@ -114,6 +172,33 @@ def test_cuda_step_takes_the_kernel_and_matches_the_eager_update(name):
     state, ref = fused.state[cuda], eager.state[p]
     assert_same_update((cuda.detach().cpu(), state["exp_avg"].cpu(), state["exp_avg_sq"].cpu()),
                        (p.detach(), ref["exp_avg"], ref["exp_avg_sq"]), CASES[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_step_updates_the_small_parameters_in_one_launch_with_the_one_parameter_kernels_bits(monkeypatch):
+    """CautiousAdam.step on CUDA: the small parameters through ``cautious_adam_many_`` (one launch per dtype pair),
+    a large one through ``cautious_adam_``; the same bits as every parameter through ``cautious_adam_``."""
+    import speedrun.optim.adam as adam
+
+    params, grads, _, _ = many_case()
+    params.append(torch.randn(200_000) * 0.1)
+    grads.append(torch.randn(200_000))
+    runs = {}
+    for name, many in (("many", adam._FUSED_MANY), ("one", None)):
+        monkeypatch.setattr(adam, "_FUSED_MANY", many)
+        ps = [torch.nn.Parameter(p.cuda()) for p in params]
+        opt = CautiousAdam([{"params": ps[:4], "weight_decay": 5.0}, {"params": ps[4:], "lr": 0.02}], **SETTINGS)
+        calls = []
+        if many is not None:
+            monkeypatch.setattr(adam, "_FUSED_MANY", lambda *a: calls.append(len(a[0])) or many(*a))
+        for _ in range(3):
+            for p, grad in zip(ps, grads):
+                p.grad = grad.cuda()
+            opt.step()
+        runs[name] = ([p.detach().cpu() for p in ps], calls)
+    assert runs["many"][1] == [len(params) - 1] * 3
+    assert all(torch.equal(a, b) for a, b in zip(runs["many"][0], runs["one"][0], strict=True))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ This kernel is that one pass, per element in fp32:
 with ``step_size = lr·sqrt(1-β2^t)/(1-β1^t)`` and ``decay = lr²·λ`` computed by the caller. The sign-agreement
 mask of C-Optim (record #87) needs the mean of a mask over the whole tensor first; the caller keeps the eager
 path for it.
+
+:func:`cautious_adam_many_` applies the same pass to many small parameters in one launch (one program per
+parameter, its addresses read from a table): the records' scalars, gates and lambdas are about forty tensors of
+2 to 49,152 elements, and a launch per tensor costs more host time than the GPU spends on all of them.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ import triton.language as tl
 from speedrun.kernels import require
 
 BLOCK = 2048                    # elements per program: 4 warps, 16 per thread
+MANY_MAX_NUMEL = 65536          # cautious_adam_many_'s largest parameter: one program loops over at most 32 blocks
+_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
-def _cautious_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, beta1, beta2, eps, step_size, decay,
-                          BLOCK: tl.constexpr):
-    """Elements [pid·BLOCK, (pid+1)·BLOCK) of the flat tensors, updated in place (module docstring)."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
+def _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps, step_size, decay):
+    """The update (module docstring) of the elements at ``offsets`` where ``mask``, in place."""
     p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(m_ptr + offsets, mask=mask, other=0.0)
@@ -43,6 +46,32 @@ def _cautious_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, beta1, beta2, eps, step
     tl.store(m_ptr + offsets, m, mask=mask)
     tl.store(v_ptr + offsets, v, mask=mask)
     tl.store(p_ptr + offsets, (p - step).to(p_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+
+@triton.jit
+def _cautious_adam_many_kernel(table_ptr, hyper_ptr, P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
+                               BLOCK: tl.constexpr):
+    """Parameter ``pid``: its p, g, m, v addresses and numel from row pid of ``table`` (int64, 5 per row), its
+    beta1, beta2, eps, step size and decay from row pid of ``hyper`` (fp32, 5 per row), every block in turn."""
+    row = tl.program_id(0).to(tl.int64) * 5
+    p_ptr = tl.load(table_ptr + row).to(tl.pointer_type(P_DTYPE))
+    g_ptr = tl.load(table_ptr + row + 1).to(tl.pointer_type(G_DTYPE))
+    m_ptr = tl.load(table_ptr + row + 2).to(tl.pointer_type(tl.float32))
+    v_ptr = tl.load(table_ptr + row + 3).to(tl.pointer_type(tl.float32))
+    n = tl.load(table_ptr + row + 4)
+    beta1, beta2 = tl.load(hyper_ptr + row), tl.load(hyper_ptr + row + 1)
+    eps, step_size, decay = tl.load(hyper_ptr + row + 2), tl.load(hyper_ptr + row + 3), tl.load(hyper_ptr + row + 4)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay)
+
+
+@triton.jit
+def _cautious_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, beta1, beta2, eps, step_size, decay,
+                          BLOCK: tl.constexpr):
+    """Elements [pid·BLOCK, (pid+1)·BLOCK) of the flat tensors, updated in place (module docstring)."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay)
 
 
 def cautious_adam_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -64,3 +93,34 @@ def cautious_adam_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
         _cautious_adam_kernel[(triton.cdiv(n, BLOCK),)](p, grad, exp_avg, exp_avg_sq, n, float(beta1),
                                                         float(beta2), float(eps), float(step_size),
                                                         float(decay), BLOCK=BLOCK, num_warps=4)
+
+
+def cautious_adam_many_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                        exp_avg_sqs: list[torch.Tensor], hyper: list[tuple[float, float, float, float, float]]) -> None:
+    """:func:`cautious_adam_` of every ``params[i]`` with ``grads[i]``, ``exp_avgs[i]``, ``exp_avg_sqs[i]`` and
+    ``hyper[i]`` = (beta1, beta2, eps, step_size, decay), in one launch per (parameter dtype, gradient dtype):
+    the same values, bit for bit. Each parameter at most :data:`MANY_MAX_NUMEL` elements (the caller sends larger
+    ones to :func:`cautious_adam_`), bf16, fp16 or fp32, with a float gradient of its shape and fp32 moments, all
+    contiguous on one device (CUDA, or a CPU under ``TRITON_INTERPRET=1``). The addresses and settings travel as
+    two small tables through pinned memory, without a host sync. Raises :class:`SpeedrunError` on other sizes,
+    shapes, dtypes, layouts or devices."""
+    groups: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
+    for i, p in enumerate(params):
+        tensors = (p, grads[i], exp_avgs[i], exp_avg_sqs[i])
+        if not (all(t.shape == p.shape and t.is_contiguous() and t.device == params[0].device for t in tensors)
+                and p.numel() <= MANY_MAX_NUMEL and p.dtype in _DTYPES and grads[i].dtype in _DTYPES
+                and exp_avgs[i].dtype == exp_avg_sqs[i].dtype == torch.float32):
+            require(False, f"cautious_adam_many_: parameter {i} must have at most {MANY_MAX_NUMEL} elements, bf16, fp16 "
+                           f"or fp32, with a float gradient and fp32 moments of its shape, contiguous on one device, got "
+                           f"{[(tuple(t.shape), t.dtype, t.is_contiguous(), str(t.device)) for t in tensors]}")
+        groups.setdefault((p.dtype, grads[i].dtype), []).append(i)
+    for (p_dtype, g_dtype), members in groups.items():
+        device = params[members[0]].device
+        pinned = device.type == "cuda"
+        table = torch.tensor([[params[i].data_ptr(), grads[i].data_ptr(), exp_avgs[i].data_ptr(),
+                               exp_avg_sqs[i].data_ptr(), params[i].numel()] for i in members],
+                             dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
+        settings = torch.tensor([hyper[i] for i in members], dtype=torch.float32,
+                                pin_memory=pinned).to(device, non_blocking=True)
+        _cautious_adam_many_kernel[(len(members),)](table, settings, P_DTYPE=_DTYPES[p_dtype], G_DTYPE=_DTYPES[g_dtype],
+                                                    BLOCK=BLOCK, num_warps=4)

@@ -14,6 +14,8 @@ from speedrun.optim.base import PerParameterOptimizer
 
 # the one-pass CUDA update (None without the triton package); torch.compile does not trace the optimizers
 _FUSED_UPDATE = optional_kernel("adam", "cautious_adam_")
+_FUSED_MANY = optional_kernel("adam", "cautious_adam_many_")          # the same, many small parameters per launch
+_MANY_MAX_NUMEL = optional_kernel("adam", "MANY_MAX_NUMEL")              # its largest parameter
 
 
 def build_adamw(param_groups: Iterable[dict[str, Any]], betas: tuple[float, float], eps: float,
@@ -68,7 +70,34 @@ class CautiousAdam(PerParameterOptimizer):
                              f"lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter that has a gradient (:meth:`_update`), except that on CUDA the small ones
+        the one-pass kernel takes (at most 65,536 elements: the records' scalars, gates, lambdas and MUDD weights)
+        are collected and updated together in one launch per dtype pair
+        (:func:`speedrun.kernels.adam.cautious_adam_many_`, the same values). Returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        many: list[tuple[torch.Tensor, tuple[float, float, float, float, float]]] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if _FUSED_MANY is not None and p.numel() <= _MANY_MAX_NUMEL and self._fused(p, group):
+                    many.append((p, self._advance(p, group)))
+                else:
+                    self._update(p, group)
+        if many:
+            state = [self.state[p] for p, _ in many]
+            _FUSED_MANY([p for p, _ in many], [p.grad for p, _ in many], [s["exp_avg"] for s in state],
+                        [s["exp_avg_sq"] for s in state], [settings for _, settings in many])
+        return loss
+
+    def _advance(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[float, float, float, float, float]:
+        """Count the step in ``p``'s state (made at its first step: ``step`` 0, fp32 zero moments) and return the
+        fused update's settings: (beta1, beta2, eps, step size lr·sqrt(1-β2^t)/(1-β1^t), decay lr²·λ)."""
         state = self.state[p]
         if not state:
             state["step"] = 0
@@ -78,16 +107,25 @@ class CautiousAdam(PerParameterOptimizer):
         beta1, beta2 = group["betas"]
         lr, t = group["lr"], state["step"]
         step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
-        if (_FUSED_UPDATE is not None and p.is_cuda and not group.get("coptim", 0.0)
-                and p.dtype != torch.float64 and p.is_contiguous() and p.grad.is_contiguous()):
-            _FUSED_UPDATE(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, group["eps"], step_size,
-                          lr * lr * group["weight_decay"])
+        return beta1, beta2, group["eps"], step_size, lr * lr * group["weight_decay"]
+
+    @staticmethod
+    def _fused(p: torch.Tensor, group: dict[str, Any]) -> bool:
+        """Whether the one-pass kernel updates ``p``: on CUDA, without C-Optim, not fp64, contiguous."""
+        return (p.is_cuda and not group.get("coptim", 0.0) and p.dtype != torch.float64 and p.is_contiguous()
+                and p.grad.is_contiguous())
+
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        beta1, beta2, eps, step_size, decay = self._advance(p, group)
+        state = self.state[p]
+        if _FUSED_UPDATE is not None and self._fused(p, group):
+            _FUSED_UPDATE(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, eps, step_size, decay)
             return
         grad = p.grad.float()
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.lerp_(grad, 1.0 - beta1)
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        update = m / (v.sqrt() + group["eps"])
+        update = m / (v.sqrt() + eps)
         strength = group.get("coptim", 0.0)
         if strength:
             keep = ((update * grad) > 0).float()                  # C-Optim (record #87): agreeing coordinates
@@ -96,5 +134,5 @@ class CautiousAdam(PerParameterOptimizer):
         step = update.to(exact).mul_(step_size)
         if group["weight_decay"]:
             weight = p.to(exact)
-            step.addcmul_(weight, (step * weight) > 0, value=lr * lr * group["weight_decay"])   # strictly: #50
+            step.addcmul_(weight, (step * weight) > 0, value=decay)                      # strictly: #50
         p.sub_(step)                       # computed in fp32, rounded once to p's dtype (bf16: as the records)
