@@ -72,7 +72,8 @@ def many_case(seed: int = 5):
     params = [(torch.randn(n, generator=g) * 0.1).to(dtype) for n, dtype in MANY_SIZES]
     grads = [torch.randn(n, generator=g).to(dtype) for n, dtype in MANY_SIZES]
     moments = [(torch.randn(n, generator=g) * 0.1, torch.rand(n, generator=g) * 0.01) for n, _ in MANY_SIZES]
-    hyper = [(0.9 - 0.05 * i, 0.95 + 0.005 * i, 1e-10 * (i + 1), 0.01 * (i + 1), 0.5 * i) for i in range(len(MANY_SIZES))]
+    hyper = [(0.9 - 0.05 * i, 0.95 + 0.005 * i, 1e-10 * (i + 1), 0.01 * (i + 1), 0.5 * i)
+             for i in range(len(MANY_SIZES))]
     # fp32 values, as a GPU kernel receives its float arguments (the interpreter keeps them wider: one-ulp differences)
     return params, grads, moments, [tuple(float(torch.tensor(x, dtype=torch.float32)) for x in h) for h in hyper]
 
@@ -141,6 +142,15 @@ def test_the_many_parameter_launch_rejects_a_large_or_mismatched_parameter():
         cautious_adam_many_([small, big], [small, big], [small, big], [small, big], [(0.9, 0.95, 1e-8, 0.1, 0.0)] * 2)
     with pytest.raises(SpeedrunError, match="parameter 0 .*fp32 moments"):
         cautious_adam_many_([small], [small], [small.bfloat16()], [small], [(0.9, 0.95, 1e-8, 0.1, 0.0)])
+
+
+def test_a_check_builds_its_message_only_when_it_fails():
+    """``speedrun.kernels.require`` with a callable message (the per-step kernels' checks) calls it only to raise."""
+    from speedrun.kernels import require
+
+    require(True, lambda: 1 / 0)
+    with pytest.raises(SpeedrunError, match="^built now$"):
+        require(False, lambda: "built now")
 
 
 def test_bad_arguments_raise_speedrun_error():

@@ -82,11 +82,11 @@ def cautious_adam_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     (0 for none). Raises :class:`SpeedrunError` on other shapes, dtypes, layouts or devices."""
     tensors = (p, grad, exp_avg, exp_avg_sq)
     require(all(t.shape == p.shape and t.is_contiguous() and t.device == p.device for t in tensors),
-           f"cautious_adam_: p, grad, exp_avg, exp_avg_sq must be contiguous, of one shape and device, got "
-           f"{[(tuple(t.shape), t.is_contiguous(), str(t.device)) for t in tensors]}")
+            lambda: f"cautious_adam_: p, grad, exp_avg, exp_avg_sq must be contiguous, of one shape and device, "
+            f"got {[(tuple(t.shape), t.is_contiguous(), str(t.device)) for t in tensors]}")
     require(p.dtype in (torch.bfloat16, torch.float16, torch.float32) and grad.is_floating_point()
             and exp_avg.dtype == exp_avg_sq.dtype == torch.float32,
-            f"cautious_adam_: p must be bf16, fp16 or fp32 with fp32 moments, got "
+            lambda: f"cautious_adam_: p must be bf16, fp16 or fp32 with fp32 moments, got "
             f"{[t.dtype for t in tensors]}")
     n = p.numel()
     if n:
@@ -110,9 +110,9 @@ def cautious_adam_many_(params: list[torch.Tensor], grads: list[torch.Tensor], e
         if not (all(t.shape == p.shape and t.is_contiguous() and t.device == params[0].device for t in tensors)
                 and p.numel() <= MANY_MAX_NUMEL and p.dtype in _DTYPES and grads[i].dtype in _DTYPES
                 and exp_avgs[i].dtype == exp_avg_sqs[i].dtype == torch.float32):
-            require(False, f"cautious_adam_many_: parameter {i} must have at most {MANY_MAX_NUMEL} elements, bf16, fp16 "
-                           f"or fp32, with a float gradient and fp32 moments of its shape, contiguous on one device, got "
-                           f"{[(tuple(t.shape), t.dtype, t.is_contiguous(), str(t.device)) for t in tensors]}")
+            require(False, f"cautious_adam_many_: parameter {i} must have at most {MANY_MAX_NUMEL} elements, bf16, "
+                           f"fp16 or fp32, with a float gradient and fp32 moments of its shape, contiguous on one "
+                           f"device, got {[(tuple(t.shape), t.dtype, t.is_contiguous(), str(t.device)) for t in tensors]}")
         groups.setdefault((p.dtype, grads[i].dtype), []).append(i)
     for (p_dtype, g_dtype), members in groups.items():
         device = params[members[0]].device

@@ -54,11 +54,11 @@ def muon_update_(p: torch.Tensor, mantissa: torch.Tensor, update: torch.Tensor, 
     other shapes, dtypes, layouts or devices."""
     tensors = (p, mantissa, update)
     require(all(t.shape == p.shape and t.is_contiguous() and t.device == p.device for t in tensors),
-            f"muon_update_: p, mantissa, update must be contiguous, of one shape and device, got "
+            lambda: f"muon_update_: p, mantissa, update must be contiguous, of one shape and device, got "
             f"{[(tuple(t.shape), t.is_contiguous(), str(t.device)) for t in tensors]}")
     require(p.dtype == torch.bfloat16 and mantissa.dtype == torch.int16
             and update.dtype in (torch.bfloat16, torch.float32),
-            f"muon_update_: p must be bf16, mantissa int16 and update bf16 or fp32, got "
+            lambda: f"muon_update_: p must be bf16, mantissa int16 and update bf16 or fp32, got "
             f"{[t.dtype for t in tensors]}")
     n = p.numel()
     if n:
