@@ -44,18 +44,20 @@ class Bank:
         return (self.group_index, *(id(p) for p in self.params))
 
 
-def make_banks(param_groups: Sequence[Mapping[str, Any]]) -> list[Bank]:
+def make_banks(param_groups: Sequence[Mapping[str, Any]], every: bool = False) -> list[Bank]:
     """The banks of ``param_groups``: per group, its parameters with a gradient grouped by (shape, dtype,
     device), banks in the order of their first parameter, parameters in group order. A parameter without a
     gradient is in no bank this step (it is not updated, as in ``torch.optim``); with sharding, every rank
-    must see the same parameters with gradients. Raises ``ValueError`` for a parameter that is not 2-D."""
+    must see the same parameters with gradients. ``every``: every parameter, gradient or not (the banks of a
+    step where all have one: for compiling before the first). Raises ``ValueError`` for a parameter that is not
+    2-D."""
     banks: list[Bank] = []
     for group_index, group in enumerate(param_groups):
         members: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
         for index, p in enumerate(group["params"]):
             if p.ndim != 2:
                 raise ValueError(f"Muon updates 2-D matrices only, got a parameter of shape {tuple(p.shape)}")
-            if p.grad is not None:
+            if every or p.grad is not None:
                 members.setdefault((tuple(p.shape), p.dtype, p.device), []).append((index, p))
         for entries in members.values():
             banks.append(Bank(group_index, tuple(p for _, p in entries), tuple(i for i, _ in entries)))

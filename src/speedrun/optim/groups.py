@@ -108,6 +108,13 @@ class Optimizers:
             if adam or not is_adam(opt):
                 opt.step()
 
+    def warm_up(self) -> None:
+        """Compile what the optimizers compile (Muon's bank directions with its ``compile``) before the timed
+        run, changing nothing (:meth:`speedrun.optim.muon.Muon.warm_up`)."""
+        for opt in self.optimizers:
+            if isinstance(opt, Muon):
+                opt.warm_up()
+
     def zero_grad(self, adam: bool = True) -> None:
         """Clear the gradients (set to None) of every optimizer's parameters; with ``adam`` false the Adams'
         are kept, to be summed with the next steps' (:meth:`adam_updates_after`)."""
@@ -230,7 +237,7 @@ def adam_group(kind: str, params: list[nn.Parameter], config: OptimConfig) -> di
 
 
 def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimConfig,
-                     roles: Mapping[str, Sequence[str]] | None = None) -> Optimizers:
+                     roles: Mapping[str, Sequence[str]] | None = None, compile_muon: bool = False) -> Optimizers:
     """AdamW (decay ``adam_weight_decay``) over the ``embed``/``head``/``scalar`` parameters and Muon (decay
     ``weight_decay``) over the ``matrix`` ones.
 
@@ -240,8 +247,10 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
     :func:`model_roles`; checked by :func:`check_roles`). Adam's ε is ``adam_eps`` in every Adam group; each
     Adam group's ``betas`` are ``adam_kind_betas[kind]`` where given, else ``adam_betas`` (the record's
     per-kind betas, speedrun-spec.md 3.3); the kinds of records #81-#89 as :func:`adam_group` gives them.
-    Empty groups are left out. Raises ``ValueError`` when a
-    parameter has no kind, lands in no optimizer or in two, or goes to Muon without being 2-D.
+    Empty groups are left out. ``compile_muon``: Muon's bank directions under ``torch.compile`` (its
+    ``compile``; the training loop's choice on CUDA with ``compile``; :meth:`Optimizers.warm_up` compiles them).
+    Raises ``ValueError`` when a parameter has no kind, lands in no optimizer or in two, or goes to Muon without
+    being 2-D.
     """
     roles = model_roles(model) if roles is None else roles
     check_roles(model, roles)
@@ -260,7 +269,8 @@ def build_optimizers(model: nn.Module, kinds: Mapping[str, str], config: OptimCo
                                normuon_beta2=config.normuon_beta2,
                                cautious_weight_decay=config.cautious_weight_decay,
                                langevin_noise=config.langevin_noise, langevin_seed=config.langevin_seed,
-                               shard=config.shard_muon, momentum_form=config.muon_momentum_form))
+                               shard=config.shard_muon, momentum_form=config.muon_momentum_form,
+                               compile=compile_muon))
     seen = [id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]]
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     if sorted(seen) != sorted(trainable):

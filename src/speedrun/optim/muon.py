@@ -158,6 +158,26 @@ def apply_update(param: torch.Tensor, update: torch.Tensor, lr: float, weight_de
     param.add_(update.to(param.dtype), alpha=-lr_eff)
 
 
+def bank_direction(grad: torch.Tensor, momentum_buf: torch.Tensor, second_moment: torch.Tensor | None,
+                   momentum: float | torch.Tensor, nesterov: bool, momentum_form: str, block_rows: int,
+                   orthogonalizer: Orthogonalizer, beta2: float | None) -> torch.Tensor:
+    """The update direction of a bank before noise and the weight step: the momentum (:data:`MOMENTUM_UPDATES`,
+    in place on ``momentum_buf``), the orthogonalization of each matrix's ``block_rows``-row blocks and, with
+    ``beta2``, NorMuon's normalization (in place on ``second_moment``).
+
+    grad, momentum_buf: (k, rows, cols) in the working dtype; second_moment: (k, [rows/b,] r, c) as
+    :class:`speedrun.optim.banks.BankState` holds it, or None without NorMuon; momentum: β as a float, or as a
+    0-d CPU fp32 tensor under :class:`Muon`'s ``compile`` (a changing value then changes no graph, as record
+    #88's ``momentum_t``). Returns (k·rows/b, b, cols) in the orthogonalization's dtype (bf16 on CUDA)."""
+    if isinstance(momentum, torch.Tensor):
+        momentum = momentum.to(grad.dtype)                         # a 0-d CPU tensor: lerp's weight dtype
+    direction = MOMENTUM_UPDATES[momentum_form](grad, momentum_buf, momentum, nesterov)
+    update = orthogonalize(row_blocks(direction, block_rows), orthogonalizer)
+    if beta2 is not None:                                          # (k·blocks, b, cols) from here on
+        update = variance_normalize(update, second_moment.view(-1, *second_moment.shape[-2:]), beta2)
+    return update
+
+
 class Muon(torch.optim.Optimizer):
     """Muon over 2-D parameters (``torch.optim.Optimizer`` interface), updated in banks of equal-shape
     matrices (records #48, #56, #61) and, with torch.distributed initialized at world size W > 1 and
@@ -187,6 +207,11 @@ class Muon(torch.optim.Optimizer):
         block_rows: None (whole matrices) or the rows b of the blocks each matrix is updated in (per group;
             every matrix of the group must have a multiple of b rows): see the module docstring.
         process_group: the group to shard over (None: the default group).
+        compile: compute each bank's direction (:func:`bank_direction`: momentum, orthogonalization, NorMuon)
+            under ``torch.compile`` (Inductor fuses its elementwise passes, as the records compile theirs:
+            record #88's ``polar_express`` and ``_apply_normuon_variance_reduction``), a graph per bank shape,
+            the momentum β a graph input; the ``"sgd"`` momentum form stays eager. Call :meth:`warm_up` before
+            timing: it compiles them without changing anything.
 
     State per parameter (in :func:`working_dtype`, views into the bank buffers): ``momentum_buffer`` (rows,
     cols) and, with NorMuon, ``second_moment`` ((rows, 1) or (1, cols); with ``block_rows`` b, (rows/b, b, 1)
@@ -202,7 +227,7 @@ class Muon(torch.optim.Optimizer):
                  orthogonalizer: Orthogonalizer = "polar_express", normuon_beta2: float | None = None,
                  cautious_weight_decay: bool = False, langevin_noise: float = 0.0, langevin_seed: int = 0,
                  shard: bool = True, process_group: object | None = None, momentum_form: str = "ema",
-                 block_rows: int | None = None):
+                 block_rows: int | None = None, compile: bool = False):
         if lr < 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or langevin_noise < 0:
             raise ValueError(f"Muon needs lr >= 0, 0 <= momentum < 1, weight_decay >= 0, langevin_noise >= 0; "
                              f"got lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
@@ -233,6 +258,8 @@ class Muon(torch.optim.Optimizer):
         self.shard, self.process_group = shard, process_group
         self._communicator: Communicator | None = None
         self._bank_states: dict[tuple, BankState] = {}
+        self._compiled = torch.compile(bank_direction, dynamic=False, fullgraph=True) if compile else None
+        self._momentum_t = torch.zeros((), dtype=torch.float32)        # β of the step for the compiled direction
 
     def communicator(self) -> Communicator | None:
         """The collectives of a sharded update, or None when the update is not sharded (``shard`` off,
@@ -298,13 +325,8 @@ class Muon(torch.optim.Optimizer):
         state = self._bank_state(bank, owned, start, slots, group["normuon_beta2"] is not None, block_rows)
         first = bank.params[0]
         params = stack_padded(owned, slots, bank.shape, first.dtype, first.device)
-        momentum_update = MOMENTUM_UPDATES[group.get("momentum_form", "ema")]
-        direction = momentum_update(grad, state.momentum, group["momentum"], group["nesterov"])
         # bf16 on CUDA from here on, as the records' update (the weight step itself in the working dtype)
-        update = orthogonalize(row_blocks(direction, block_rows), group["orthogonalizer"])
-        if group["normuon_beta2"] is not None:                    # (k·blocks, b, cols) from here on
-            second_moment = state.second_moment.view(-1, *state.second_moment.shape[-2:])
-            update = variance_normalize(update, second_moment, group["normuon_beta2"])
+        update = self._direction(group, grad, state, block_rows)  # (k·blocks, b, cols)
         if group["langevin_sigma"] > 0:
             seeds = [matrix_seed(group["langevin_seed"], group.get("update_count", 0), bank.group_index,
                                  bank.param_indices[start + j]) if start + j < len(bank.params) else None
@@ -324,6 +346,43 @@ class Muon(torch.optim.Optimizer):
         split_fp32_(precise, params, state.mantissa)             # forward weight: truncated to bf16
         return params
 
+    def _direction(self, group: dict, grad: torch.Tensor, state: BankState, block_rows: int) -> torch.Tensor:
+        """:func:`bank_direction` of ``grad`` with the bank's state and the group's settings: compiled when
+        ``compile`` is on (and the momentum form is ``"ema"``), else eager."""
+        form = group.get("momentum_form", "ema")
+        settings = (group["nesterov"], form, block_rows, group["orthogonalizer"], group["normuon_beta2"])
+        if self._compiled is None or form != "ema":
+            return bank_direction(grad, state.momentum, state.second_moment, group["momentum"], *settings)
+        self._momentum_t.fill_(group["momentum"])
+        return self._compiled(grad, state.momentum, state.second_moment, self._momentum_t, *settings)
+
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Compile the bank directions that :meth:`step` will run (with ``compile``; else nothing), on zero tensors
+        of each bank's shapes as this rank sees them, every parameter counted as having a gradient: no
+        parameter, state or setting changes. The first training step then compiles nothing (its time counts)."""
+        if self._compiled is None:
+            return
+        comm = self.communicator()
+        rank, world = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+        for bank in make_banks(self.param_groups, every=True):
+            group = self.param_groups[bank.group_index]
+            _, _, slots = shard_bounds(len(bank.params), world, rank)
+            first = bank.params[0]
+            block_rows = group.get("block_rows") or bank.shape[0]
+            scratch = bind_bank_state({}, (), slots, bank.shape, self._second_moment_shape(bank, block_rows)
+                                      if group["normuon_beta2"] is not None else None,
+                                      working_dtype(first.dtype), first.device)
+            self._direction(group, torch.zeros_like(scratch.momentum), scratch, block_rows)
+
+    @staticmethod
+    def _second_moment_shape(bank: Bank, block_rows: int) -> tuple[int, ...]:
+        """NorMuon's second-moment shape per matrix of ``bank`` updated in ``block_rows``-row blocks: (r, c), or
+        (rows/b, r, c) with blocks (:func:`second_moment_shape` of one block)."""
+        rows, cols = bank.shape
+        reduced = second_moment_shape((block_rows, cols))
+        return (rows // block_rows, *reduced) if block_rows < rows else reduced
+
     def _bank_state(self, bank: Bank, owned: tuple[torch.Tensor, ...], start: int, slots: int,
                     normuon: bool, block_rows: int) -> BankState:
         """The state buffers of this rank's slice of ``bank``: the cached ones while the owned parameters'
@@ -333,10 +392,7 @@ class Muon(torch.optim.Optimizer):
         cached = self._bank_states.get(key)
         if cached is None or not cached.is_bound(self.state, owned, normuon):
             first = bank.params[0]
-            rows, cols = bank.shape
-            reduced = second_moment_shape((block_rows, cols))
-            if block_rows < rows:                                 # (blocks, b, 1) or (blocks, 1, cols)
-                reduced = (rows // block_rows, *reduced)
+            reduced = self._second_moment_shape(bank, block_rows)     # (blocks, b, 1) or (blocks, 1, cols)
             cached = bind_bank_state(self.state, owned, slots, bank.shape, reduced if normuon else None,
                                      working_dtype(first.dtype), first.device,
                                      mantissa=first.dtype == torch.bfloat16)

@@ -297,8 +297,9 @@ class _Run:
             self.model.use_fp8_weight_cache(True)                # FP8 weights quantized once per step (issue 6;
             self.model.quantize_fp8_weights()                     # no-ops without FP8), before the warm-up compiles
         with phases.timed("optimizer"):
-            self.optimizers: Optimizers = build_optimizers(
-                self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed))
+            self.optimizers: Optimizers = build_optimizers(      # on CUDA, Muon compiled as the records'
+                self.model, self.model.parameter_kinds(), dataclasses.replace(config.optimizer, langevin_seed=seed),
+                compile_muon=config.compute.compile and device.type == "cuda")
         with phases.timed("model"):                              # the torch.compile wrapper (lazy: no compile yet)
             self.forward = self._compiled() if config.compute.compile else self.model
         with phases.timed("data"):
@@ -401,8 +402,9 @@ class _Run:
         Replays :func:`warm_up_plan`: a forward and backward on dummy micro-batches for each training step
         in it (with that step's batch shape and windows) and a validation forward on one chunk for each
         validation step in it, so that no graph is compiled during the run; then puts back the schedule
-        state (windows, YaRN frequencies and scale) and clears the gradients. No parameter changes. Its
-        seconds are also the phase ``compile``."""
+        state (windows, YaRN frequencies and scale) and clears the gradients, and compiles the optimizers'
+        compiled parts (:meth:`speedrun.optim.groups.Optimizers.warm_up`). No parameter or optimizer state
+        changes. Its seconds are also the phase ``compile``."""
         start = _now()
         if not self.config.compute.compile:
             return 0.0
@@ -425,7 +427,11 @@ class _Run:
                 print(warm_up_line(cfg, i, len(plan), step, kind, _now() - begin), file=sys.stderr, flush=True)
         model.restore_schedule_state(saved)
         model.zero_grad(set_to_none=True)
+        begin = _now()
+        self.optimizers.warm_up()                                 # Muon's compiled bank directions
         self.clock.sync()
+        if self.launch.rank == 0:
+            print(f"warm-up: the optimizers' compiled parts: {_now() - begin:.1f} s", file=sys.stderr, flush=True)
         seconds = _now() - start
         self.phases.add("compile", seconds)
         return seconds
