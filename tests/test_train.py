@@ -174,6 +174,44 @@ def test_a_loss_that_explodes_without_nan_stops_as_diverged(synthetic, tmp_path)
     assert (record.status, record.val_loss, record.reason) == ("diverged", None, last)
 
 
+class _QueuedStepLoss:
+    """Stands in for StepLoss as on a GPU: the value is read later (an ``event`` that is not None)."""
+
+    log: list[str] = []
+
+    def __init__(self, mean):
+        self.mean, self.event = mean, "queued"
+
+    def value(self):
+        self.log.append("read")
+        return float(self.mean[0])
+
+
+def test_a_steps_loss_is_read_only_after_the_next_step_is_queued(synthetic, tmp_path, monkeypatch):
+    """No device sync between steps (the records'): on a GPU step s+1's work is queued before step s's loss is read,
+    a validation reads the pending loss first, and the log keeps every line in step order, each train line with the
+    time at its step's end (the GPU's, here a stand-in clock)."""
+    import speedrun.training.loop as train_module
+
+    shards, bos = synthetic
+    events = _QueuedStepLoss.log = []
+    real_step = train_module.train_step
+    monkeypatch.setattr(train_module, "train_step", lambda *a, **k: events.append("queue") or real_step(*a, **k))
+    monkeypatch.setattr(train_module, "StepLoss", _QueuedStepLoss)
+    monkeypatch.setattr(train_module.TrainClock, "elapsed_ms_at", lambda self, event: 1000.0 * len(events))
+    log = tmp_path / "pipelined.txt"
+    run_training(TrainConfig.from_dict(QUICK), variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log,
+                 env={})
+    # steps 1, 2, 4, 5 read once the next is queued; 3 and 6 by the validation after them
+    assert events == ["queue", "queue", "read", "queue", "read", "read", "queue", "queue", "read", "queue", "read",
+                      "read"]
+    train_ms = [int(ms) for s, _, kind, _, ms, *_ in read_log(log)[2] if kind == "train"]
+    assert train_ms == [3000, 5000, 6000, 9000, 11000, 12000]    # the stand-in's reading as each line is written
+    steps = [(int(s), kind) for s, _, kind, *_ in read_log(log)[2]]
+    assert steps == [(0, "val"), (1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"), (5, "train"),
+                     (6, "train"), (6, "val")]
+
+
 def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkeypatch):
     import speedrun.training.loop as train_module
 
@@ -194,6 +232,7 @@ def test_an_exception_is_logged_as_failed_and_raised(synthetic, tmp_path, monkey
                      log_path=log, env={})
     lines = log.read_text().splitlines()
     assert lines[-1] == "run failed: RuntimeError: disk on fire second line"
+    assert lines[-4].startswith("step:1/6 train_loss:")        # the step before the failure: its pending line
     assert lines[-2].startswith("phases: ") and lines[-3].startswith("peak memory allocated: ")
     assert read_record(log).status == "failed"
 

@@ -10,7 +10,9 @@ initialization only: the token stream is the same for every seed, as in the publ
 The loop validates at step 0, every ``val_every`` steps and at the last step with the clock stopped (the
 speedrun's timing rule, speedrun-spec.md 1.4); ``train_time`` counts training wall time only. A diverged run
 (a non-finite loss, a val_loss above its step-0 value or a smoothed train loss above its first value:
-:mod:`speedrun.support.divergence`) stops at once and the log ends with ``run diverged: <why>`` (exit status 0:
+:mod:`speedrun.support.divergence`) stops as soon as the loss is read (a train loss one step later: the loop
+queues a step before it reads the previous one's loss, :class:`StepLoss`) and the log ends with ``run diverged:
+<why>`` (exit status 0:
 the run is reported as ``diverged``, never counted, never dropped); an exception writes ``run failed: <type>: <message>`` and propagates. The log
 (docs/formats.md "Training log", :mod:`speedrun.training.runlog`) is renamed to its path only at the end, a
 failed run's too (so that the failure is reported, as ``failed`` by the log parser).
@@ -24,7 +26,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from speedrun.support.stopping import RunStopped  # first: before torch's import
 from speedrun.support.divergence import DivergenceWatch
@@ -71,7 +73,9 @@ class TrainClock:
     before every reading."""
 
     def __init__(self, device: torch.device):
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._cuda = device.type == "cuda"
+        self._sync = torch.cuda.synchronize if self._cuda else (lambda: None)
+        self._start_event: torch.cuda.Event | None = None
         self._total = 0.0
         self._since: float | None = None
 
@@ -82,6 +86,13 @@ class TrainClock:
     def start(self) -> None:
         self._sync()
         self._since = _now()
+        self._start_event = _timing_event() if self._cuda else None
+
+    def elapsed_ms_at(self, event: torch.cuda.Event) -> float:
+        """Training time in ms when the GPU reached ``event`` (a completed timing event recorded while the clock
+        ran, :class:`StepLoss`): the intervals before plus the GPU's time from this interval's start to the
+        event. No host sync: the time of a step's end, read after the next step is queued."""
+        return 1000.0 * self._total + self._start_event.elapsed_time(event)
 
     def stop(self) -> None:
         self._sync()
@@ -98,6 +109,36 @@ class TrainClock:
 
 def _now() -> float:
     return time.perf_counter()
+
+
+def _timing_event() -> torch.cuda.Event:
+    """A CUDA event with timing, recorded now on the current stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+class StepLoss:
+    """A step's mean train loss on its way to the host without a device sync: on CUDA a non-blocking copy into
+    pinned memory and a timing ``event`` behind it (the step's end, :meth:`TrainClock.elapsed_ms_at`), so that
+    the host can queue the next step before it waits for this one (the records never wait between steps; a wait
+    right after the step leaves the GPU idle until the next step's first kernels are queued). Elsewhere the
+    value at once and ``event`` None. ``mean``: (1,) fp32 on the device."""
+
+    def __init__(self, mean: torch.Tensor):
+        self.event: torch.cuda.Event | None = None
+        if mean.is_cuda:
+            self._host = torch.empty(1, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(mean, non_blocking=True)
+            self.event = _timing_event()
+        else:
+            self._host = mean.detach().float()
+
+    def value(self) -> float:
+        """The loss, waiting for the step's work to finish on the device (only up to this step's end)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return float(self._host[0])
 
 
 def _all_reduce_mean(tensors: list[torch.Tensor], world_size: int) -> None:
@@ -210,15 +251,22 @@ def loss_weight_tensors(config: TrainConfig, step: int, device: torch.device) ->
     """The forward's loss-weight keywords of training step ``step`` under a staged schedule
     (:meth:`TrainConfig.loss_weights_at`): ``mtp_weights`` (K,) fp32 and, with the model's prefix-token loss,
     ``prefix_weight`` 0-d fp32, built on ``device``; empty without a staged schedule. K changes between
-    stages (a graph each, :func:`warm_up_plan`)."""
+    stages (a graph each, :func:`warm_up_plan`). The values change nearly every step; on CUDA they travel through
+    pinned memory without a wait (a copy from pageable memory would wait for the queued work)."""
     weights = config.loss_weights_at(step)
     if weights is None:
         return {}
     mtp, prefix = weights
-    tensors = {"mtp_weights": torch.tensor(mtp, dtype=torch.float32, device=device)}
+    tensors = {"mtp_weights": _on_device(mtp, device)}
     if prefix is not None:
-        tensors["prefix_weight"] = torch.tensor(prefix, dtype=torch.float32, device=device)
+        tensors["prefix_weight"] = _on_device(prefix, device)
     return tensors
+
+
+def _on_device(values: float | Sequence[float], device: torch.device) -> torch.Tensor:
+    """``values`` as an fp32 tensor on ``device``: on CUDA from pinned memory, non-blocking."""
+    host = torch.tensor(values, dtype=torch.float32, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 def validation_steps(config: TrainConfig) -> list[int]:
@@ -314,6 +362,7 @@ class _Run:
         self.result = RunResult()
         self.watch = DivergenceWatch()
         self.prefetch: StepPrefetcher | None = None
+        self.pending: tuple[int, StepLoss] | None = None          # the last queued step's train line, unwritten
 
     def step_batches(self, step: int) -> list[Batch]:
         """This rank's micro-batches of ``step`` on the device, prepared one step ahead by a
@@ -332,6 +381,14 @@ class _Run:
             self.phases.first_batch = _now() - begin                # inside train_time: not a phase of its own
             return first
         return self.prefetch.get(step)
+
+    def flush_after_failure(self) -> None:
+        """Write the pending train line of a run that is failing, if its loss can still be read (a failed device
+        may not give it: then the line is left out, the failure itself is logged either way)."""
+        try:
+            self.flush()
+        except Exception:                              # noqa: BLE001 (the run's own error is the one to report)
+            self.pending = None
 
     def close(self) -> None:
         """Stop the prefetching thread, if one runs."""
@@ -364,7 +421,11 @@ class _Run:
 
     def validate(self, step: int) -> str | None:
         """Validate with the clock stopped and log the line (the time from the clock's stop to its restart
-        counted as the phase ``validation``); why the run has diverged, or None."""
+        counted as the phase ``validation``), after the pending train line (:meth:`flush`); why the run has
+        diverged, or None."""
+        why = self.flush()
+        if why:
+            return why
         self.clock.stop()
         begin = _now()
         self.set_windows(step)
@@ -377,9 +438,11 @@ class _Run:
         return self.watch.val(step, val_loss)
 
     def train(self, step: int) -> str | None:
-        """Optimizer step ``step`` (0-based) and its log line; why the run has diverged, or None (it then stops:
-        the update was queued before the loss was read, so that the GPU never waits for the host between the
-        backward pass and the optimizer; one host sync per step, for the loss and the log's train_time)."""
+        """Queue optimizer step ``step`` (0-based), then write the previous step's train line (:meth:`flush`):
+        the host waits for the previous step only once this one is queued, so the GPU never idles between
+        steps (no device sync inside the loop, as the records). Returns why the run has diverged, or None; a
+        diverged loss stops the run one step after the step that produced it (that step's update queued, its
+        line never written)."""
         cfg = self.config
         self.set_windows(step)
         adam = prepare_optimizers(cfg, self.optimizers, self.model, step)
@@ -391,10 +454,24 @@ class _Run:
                           loss_weights=loss_weight_tensors(cfg, step, self.device),
                           loss_scale=cfg.loss_scale_at(step))
         finish_optimizer_step(self.optimizers, self.model, adam)
-        loss = float(mean.item())                                # the step's one host sync
-        self.log.write(train_line(step + 1, cfg.steps, loss, self.clock.elapsed_ms()))
-        self.result.losses.append((step + 1, "train", loss))
-        return self.watch.train(step + 1, loss)
+        why = self.flush()
+        self.pending = (step + 1, StepLoss(mean))
+        if self.pending[1].event is None:            # nothing runs ahead on a CPU: the line at once, at its time
+            why = why or self.flush()
+        return why
+
+    def flush(self) -> str | None:
+        """Write the pending train line (the last queued step's loss, waiting for that step's end) with the
+        training time at that step's end (on CUDA the GPU's, from the step's timing event, without a device
+        sync); why the run has diverged, or None (also when nothing is pending)."""
+        if self.pending is None:
+            return None
+        (step, loss), self.pending = self.pending, None
+        value = loss.value()
+        ms = self.clock.elapsed_ms() if loss.event is None else self.clock.elapsed_ms_at(loss.event)
+        self.log.write(train_line(step, self.config.steps, value, ms))
+        self.result.losses.append((step, "train", value))
+        return self.watch.train(step, value)
 
     def warm_up(self) -> float:
         """Compile and warm up (only with ``compile``); returns the seconds it took, outside train_time.
@@ -516,6 +593,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
                 run.close()
                 group.close()                             # destroy_process_group, in the phase
         except BaseException as e:
+            if run is not None:
+                run.flush_after_failure()
             with phases.timed("teardown"):
                 if run is not None:
                     run.close()
