@@ -238,5 +238,44 @@ def test_gpu_fp8_mlp_with_persistent_kernels_matches_the_default(compiled):
         assert rel_error(got, want) < 1e-3, name
 
 
+def test_the_triton_persistent_mlp_kernel_needs_the_fp8_up_projection_alone():
+    """``model.mlp_kernel: triton_persistent`` (the persistent kernels in a model): accepted with records #84-#88's
+    FP8 MLP (fp8_mlp, no FP8 down product; the record88 preset), refused naming both settings otherwise, by the
+    config and by an MLP given the kernel directly."""
+    from speedrun.model.config import build_model_config
+    from speedrun.model.mlp import MLP
+
+    config = build_model_config("record88", {"mlp_kernel": "triton_persistent"})
+    assert (config.fp8_mlp, config.fp8_mlp_down) == (True, False) and MLP(config).persistent
+    for changes in ({"fp8_mlp_down": True}, {"fp8_mlp": False}):
+        with pytest.raises(SpeedrunError, match="triton_persistent.*fp8_mlp true and model.fp8_mlp_down false"):
+            build_model_config("record88", {"mlp_kernel": "triton_persistent", **changes})
+    with pytest.raises(SpeedrunError, match="'triton_persistent' needs model.fp8_mlp true"):
+        MLP(build_model_config("record89"), kernel="triton_persistent")          # HEAD: the FP8 down product
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_mlp_module_with_the_persistent_kernel_matches_triton():
+    """The record88 preset's MLP with ``mlp_kernel`` triton_persistent against triton, same weights, training
+    forward and backward in bf16 on CUDA."""
+    from speedrun.model.config import build_model_config
+    from speedrun.model.mlp import MLP
+
+    results = []
+    for kernel in ("triton", "triton_persistent"):
+        torch.manual_seed(0)
+        mlp = MLP(build_model_config("record88", {"mlp_kernel": kernel})).cuda().train()
+        with torch.no_grad():
+            mlp.proj.weight.normal_(0, 0.02)
+        x = torch.randn(16384, 768, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).bfloat16()
+        x.requires_grad_(True)
+        out = mlp(x)
+        out.float().square().sum().backward()
+        results.append((out, x.grad, mlp.fc.weight.grad, mlp.proj.weight.grad))
+    for name, want, got in zip(("out", "g_x", "g_fc", "g_proj"), *results):
+        assert rel_error(got, want) < 1e-3, name
+
+
 if __name__ == "__main__":
     _interpreter_child(sys.argv[1])

@@ -35,7 +35,7 @@ FP8_ATTENTION_SCALES: tuple[str, ...] = get_args(Fp8AttentionScales)
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackend)
 CROSS_ENTROPY_IMPLS: tuple[str, ...] = get_args(CrossEntropyImpl)
 SOFTCAP_KINDS: tuple[str, ...] = get_args(SoftcapKind)
-MlpKernel = Literal["torch", "triton"]
+MlpKernel = Literal["torch", "triton", "triton_persistent"]
 MLP_KERNELS: tuple[str, ...] = get_args(MlpKernel)
 RotaryKernel = Literal["torch", "triton"]
 ROTARY_KERNELS: tuple[str, ...] = get_args(RotaryKernel)
@@ -201,7 +201,9 @@ class GPTConfig:
             projection alone in FP8 and the down product in bf16, as records #84-#88 run it.
         mlp_kernel: ``"torch"`` (two products around relu(.)², the reference) or ``"triton"``, the fused
             ReLU² kernel that stores only relu(pre)² (records #59, #87; :mod:`speedrun.model.mlp`; CUDA and a
-            16-bit compute dtype only, the torch path elsewhere).
+            16-bit compute dtype only, the torch path elsewhere); ``"triton_persistent"``, the same with the FP8
+            up projection and the backward's product in persistent TMA kernels (record #88's
+            ``linear_relu_square_kernel``; with ``fp8_mlp`` and ``fp8_mlp_down`` false only, records #84-#88).
         rotary_kernel: ``"torch"`` (``rms_norm`` then ``apply_rotary`` of q and k, the reference) or
             ``"triton"``, QK-norm and RoPE fused in one kernel forward and one backward
             (:mod:`speedrun.kernels.qk_norm_rotary`; records #2, #5, #17); non-paired layers only, on CUDA
@@ -344,6 +346,10 @@ class GPTConfig:
         _check_mode("rope", self.rope, ROPE_MODES)
         _check_mode("softcap_kind", self.softcap_kind, SOFTCAP_KINDS)
         _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
+        if self.mlp_kernel == "triton_persistent" and not (self.fp8_mlp is True and self.fp8_mlp_down is False):
+            raise SpeedrunError("model.mlp_kernel 'triton_persistent' runs the FP8 up projection without the FP8 "
+                                "down product: it needs model.fp8_mlp true and model.fp8_mlp_down false, got "
+                                f"fp8_mlp {self.fp8_mlp!r}, fp8_mlp_down {self.fp8_mlp_down!r}")
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         _check_mode("residual_form", self.residual_form, RESIDUAL_FORMS)

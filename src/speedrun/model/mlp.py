@@ -18,7 +18,10 @@ Triton path runs only on CUDA tensors; on a CPU the reference runs whatever the 
   refresh's amax, bootstrapped for 17 refreshes), the down product in ``torch._scaled_mm`` (with
   ``fp8_mlp_down`` false: post in bf16 alone, the down product bf16 from ``proj.weight``). On CUDA the
   Triton kernel (:func:`speedrun.kernels.relu_square_mlp.relu_square_mlp_fp8`), elsewhere the same
-  quantization in plain PyTorch (:func:`speedrun.model.fp8_mlp.fp8_mlp_reference`).
+  quantization in plain PyTorch (:func:`speedrun.model.fp8_mlp.fp8_mlp_reference`);
+* with ``"triton_persistent"`` (``fp8_mlp`` with ``fp8_mlp_down`` false only), the same with the up projection
+  and the backward's g_pre in persistent TMA kernels (record #88's ``linear_relu_square_kernel``; the same
+  values, ``relu_square_mlp_fp8(..., persistent=True)``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class MLP(nn.Module):
     """(..., C) -> (..., C). ``fc`` (F, C) is initialized uniform with std 0.5/sqrt(C); ``proj`` (C, F) at
     zero, so a fresh block adds nothing to the residual stream (record #5).
 
-    ``kernel``: ``"torch"`` or ``"triton"`` (see the module docstring); None reads ``config.mlp_kernel``.
+    ``kernel``: ``"torch"``, ``"triton"`` or ``"triton_persistent"`` (see the module docstring); None reads
+    ``config.mlp_kernel``.
     ``fc`` and ``proj`` are :class:`speedrun.model.fp8.FP8Linear` (FP8 in training with ``config.fp8_mlp``).
     Both kernels hold the same parameters ``fc.weight`` and ``proj.weight``, so optimizer groups and
     checkpoints do not depend on the switch. The Triton path computes in the autocast dtype when autocast
@@ -55,7 +59,8 @@ class MLP(nn.Module):
     ``post_scale``: the down product is bf16 from ``proj.weight``, and the kernel writes no e4m3 post. Its
     compute dtype is bf16 (x is cast); C and F must be multiples of 16 on CUDA.
 
-    Raises :class:`SpeedrunError` for an unknown kernel; in forward, on CUDA with ``"triton"``, when the
+    Raises :class:`SpeedrunError` for an unknown kernel, for ``"triton_persistent"`` without ``fp8_mlp`` or with
+    ``fp8_mlp_down``; in forward, on CUDA with ``"triton"``, when the
     ``triton`` package is missing or the compute dtype is not 16-bit.
     """
 
@@ -69,8 +74,13 @@ class MLP(nn.Module):
         self.proj = FP8Linear(config.mlp_hidden, config.model_dim, fp8=config.fp8_mlp and config.fp8_mlp_down)
         init_input_(self.fc.weight)
         init_output_(self.proj.weight)
-        self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if kernel == "triton" else None
-        self.fused_fp8 = config.fp8_mlp and kernel == "triton"
+        fused = kernel != "torch"                                      # "triton" or "triton_persistent"
+        self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if fused else None
+        self.fused_fp8 = config.fp8_mlp and fused
+        self.persistent = kernel == "triton_persistent"
+        if self.persistent and not (config.fp8_mlp and not config.fp8_mlp_down):
+            raise SpeedrunError("model.mlp_kernel 'triton_persistent' needs model.fp8_mlp true and model.fp8_mlp_down "
+                                "false (the persistent kernels write no e4m3 post)")
         self.down_fp8 = config.fp8_mlp_down
         self._fused_fp8 = optional_kernel("relu_square_mlp", "relu_square_mlp_fp8") if self.fused_fp8 else None
         if self.fused_fp8 and self.down_fp8:         # the FP8 down product's delayed scales (record #89)
@@ -85,7 +95,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_fp8 and self.training:
             return self._fp8_forward(x)
-        if self.kernel == "triton" and x.is_cuda:
+        if self.kernel != "torch" and x.is_cuda:
             return self._fused_forward(x)
         return self.proj(torch.relu(self.fc(x)).square())
 
@@ -95,7 +105,8 @@ class MLP(nn.Module):
         fn = self._fused_fp8 if x.is_cuda else fp8_mlp_reference
         x = x.to(torch.bfloat16) if x.is_cuda else x
         if not self.down_fp8:                        # records #84-#88: the down product in bf16 from proj.weight
-            return fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), None, None, False)[0]
+            persistent = {"persistent": True} if self.persistent and x.is_cuda else {}
+            return fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), None, None, False, **persistent)[0]
         out, amax = fn(x, self.fc.weight, self.proj.weight, _fp8_operands(self.fc), _fp8_operands(self.proj),
                        self.post_scale, True)
         with torch.no_grad():
