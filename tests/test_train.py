@@ -174,6 +174,16 @@ def test_a_loss_that_explodes_without_nan_stops_as_diverged(synthetic, tmp_path)
     assert (record.status, record.val_loss, record.reason) == ("diverged", None, last)
 
 
+def test_a_clock_that_never_ran_gives_zero_for_a_steps_event():
+    """A step run outside the loop (benchmarks/gpu_speedrun.py's profile) logs against a clock never started:
+    elapsed_ms_at gives the time so far, 0, instead of failing on the missing start event."""
+    import torch
+
+    from speedrun.training.loop import TrainClock
+
+    assert TrainClock(torch.device("cpu")).elapsed_ms_at(object()) == 0.0
+
+
 class _QueuedStepLoss:
     """Stands in for StepLoss as on a GPU: the value is read later (an ``event`` that is not None)."""
 

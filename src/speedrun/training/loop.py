@@ -91,7 +91,11 @@ class TrainClock:
     def elapsed_ms_at(self, event: torch.cuda.Event) -> float:
         """Training time in ms when the GPU reached ``event`` (a completed timing event recorded while the clock
         ran, :class:`StepLoss`): the intervals before plus the GPU's time from this interval's start to the
-        event. No host sync: the time of a step's end, read after the next step is queued."""
+        event. No host sync: the time of a step's end, read after the next step is queued. A clock that is not
+        running (never started: a step run outside the loop, as benchmarks/gpu_speedrun.py's profile does)
+        gives the intervals before alone."""
+        if self._since is None or self._start_event is None:
+            return 1000.0 * self._total
         return 1000.0 * self._total + self._start_event.elapsed_time(event)
 
     def stop(self) -> None:
