@@ -211,5 +211,22 @@ def test_cuda_step_updates_the_small_parameters_in_one_launch_with_the_one_param
     assert all(torch.equal(a, b) for a, b in zip(runs["many"][0], runs["one"][0], strict=True))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_warm_up_compiles_the_kernels_and_changes_nothing():
+    """CautiousAdam.warm_up (the training warm-up's) runs both kernels on scratch tensors: no parameter and no
+    state changes, and a step after it still updates as the eager formula does."""
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda").to(dtype)) for n, dtype in
+              ((5, torch.float32), (72, torch.bfloat16), (100_000, torch.bfloat16))]
+    before = [p.detach().clone() for p in params]
+    opt = CautiousAdam(params, weight_decay=1.0, **SETTINGS)
+    opt.warm_up()
+    assert all(torch.equal(p, b) for p, b in zip(params, before)) and not opt.state
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))
+
+
 if __name__ == "__main__":
     _interpreter_child(Path(sys.argv[1]))

@@ -51,9 +51,11 @@ forward + backward 2.38 ms compiled (torch.compile of the reference: 2.35 ms) an
 at about 75% of cuBLAS's rate on the same shape (0.47-0.49 ms against 0.36 ms).
 
 torch.compile(fullgraph=True): the products are operators (``speedrun::relu_square_matmul``,
-``speedrun::relu_square_grad``, their FP8 and persistent variants) made with ``torch.library.triton_op`` +
-``wrap_triton``, so Dynamo and Inductor trace into them (host-side TMA descriptors included); the gradient
-is a ``torch.autograd.Function``, which Dynamo traces too. On a CPU the kernels run only under Triton's
+``speedrun::relu_square_grad`` and their FP8 variants) made with ``torch.library.triton_op`` +
+``wrap_triton``, so Dynamo and Inductor trace into them; the persistent variants are opaque
+``torch.library.custom_op``s (torch 2.11 does not capture host-side TMA descriptors built inside a traced
+operator), which Inductor calls as they are; the gradient is a ``torch.autograd.Function``, which Dynamo
+traces too. On a CPU the kernels run only under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before this module is imported, and one autotune config at a time:
 the interpreter cannot benchmark), which the tests use.
 """
@@ -469,7 +471,10 @@ def _tma_operand(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
-@triton_op("speedrun::relu_square_matmul_fp8_up_persistent", mutates_args={})
+# The persistent operators are opaque custom ops, not triton_ops: their host-side TMA descriptors are built in the
+# operator's body, which torch 2.11 traces outside Dynamo without capturing descriptors (they would hold the
+# tracing's tensors). Inductor calls them as they are, with the real tensors; their fakes give the output alone.
+@torch.library.custom_op("speedrun::relu_square_matmul_fp8_up_persistent", mutates_args=())
 def relu_square_matmul_fp8_up_persistent(x8: torch.Tensor, w1_8: torch.Tensor,
                                          dequant_scale: torch.Tensor) -> torch.Tensor:
     """:func:`relu_square_matmul_fp8_up` in a persistent kernel: post = relu(dequant_scale · x8 w1_8ᵀ)² (T, F)
@@ -493,13 +498,18 @@ def relu_square_matmul_fp8_up_persistent(x8: torch.Tensor, w1_8: torch.Tensor,
     _require_tma_rows(op, "post", post)
     BM, BN, BK = _config_blocks(_relu_square_fp8_persistent_kernel)
     programs = _num_programs(x8.device, triton.cdiv(M, BM) * triton.cdiv(N, BN))
-    wrap_triton(_relu_square_fp8_persistent_kernel)[(programs,)](
+    _relu_square_fp8_persistent_kernel[(programs,)](
         TensorDescriptor.from_tensor(x8, [BM, BK]), TensorDescriptor.from_tensor(w1_8, [BN, BK]),
         dequant_scale, TensorDescriptor.from_tensor(post, [BM, BN // 2]), M, N, K, NUM_PROGRAMS=programs)
     return post
 
 
-@triton_op("speedrun::relu_square_grad_persistent", mutates_args={})
+@relu_square_matmul_fp8_up_persistent.register_fake
+def _(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: torch.Tensor) -> torch.Tensor:
+    return x8.new_empty((x8.size(0), w1_8.size(0)), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("speedrun::relu_square_grad_persistent", mutates_args=())
 def relu_square_grad_persistent(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
     """:func:`relu_square_grad` in a persistent kernel: g_pre = (g_out W2) · 2·sqrt(post) (T, F) from g_out
     (T, C), w2 (C, F) and post (T, F), all bf16 (or all fp16), accumulated in fp32. One program per SM loops
@@ -520,11 +530,16 @@ def relu_square_grad_persistent(g_out: torch.Tensor, w2: torch.Tensor, post: tor
     _require_tma_rows(op, "g_pre", g_pre)
     BM, BN, BK = _config_blocks(_relu_square_grad_persistent_kernel)
     programs = _num_programs(g_out.device, triton.cdiv(M, BM) * triton.cdiv(N, BN))
-    wrap_triton(_relu_square_grad_persistent_kernel)[(programs,)](
+    _relu_square_grad_persistent_kernel[(programs,)](
         TensorDescriptor.from_tensor(g_out, [BM, BK]), TensorDescriptor.from_tensor(w2, [BK, BN]),
         TensorDescriptor.from_tensor(post, [BM, BN // 2]), TensorDescriptor.from_tensor(g_pre, [BM, BN // 2]),
         M, N, K, NUM_PROGRAMS=programs)
     return g_pre
+
+
+@relu_square_grad_persistent.register_fake
+def _(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
+    return g_out.new_empty((g_out.size(0), w2.size(1)))
 
 
 def _check_fp8_operands(x8, w1_8, dequant_scale, post_scale) -> None:

@@ -176,7 +176,8 @@ class FP8WeightCache(nn.Module):
         and device (the first fill goes through :meth:`refresh_`)."""
         return (type(self) is FP8WeightCache and self.scales.weight is None and not self.scales.backward
                 and self.w8.dtype == E4M3 and self.w8.shape == weight.shape and self.w8.device == weight.device
-                and self.w_scale.shape == () and self.w_scale.dtype == torch.float32)
+                and self.w_scale.shape == () and self.w_scale.dtype == torch.float32
+                and (weight.dtype == torch.bfloat16 or self.w_back.shape == weight.shape))
 
     def operands(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w8, w_scale, w_back)`` for ``weight`` (N, K). Raises ``RuntimeError`` when the cache was never
@@ -199,7 +200,8 @@ def refresh_caches_(pairs: Sequence[tuple["FP8WeightCache", torch.Tensor]]) -> N
     """Refresh every ``(cache, weight)`` of ``pairs`` as ``cache.refresh_(weight)`` would, bit for bit, with the
     equal ones in one batch: filled caches of the dynamic weight scale and bf16 backward (the QKV/O and MLP
     projections') whose weights share one shape, dtype and device are quantized together
-    (:func:`quantize_batch_`), in about ten kernel launches whatever their number (eleven MLP input weights:
+    (:func:`quantize_batch_`, then one multi-tensor copy for the bf16 backward copies of wider weights), in
+    about ten kernel launches whatever their number (eleven MLP input weights:
     about 120 host operators one by one); any other pair (a delayed or fixed scale, an FP8 backward, a first
     fill) is refreshed alone. Called once per optimizer step (:meth:`speedrun.model.gpt.GPT.quantize_fp8_weights`).
     """
@@ -214,8 +216,9 @@ def refresh_caches_(pairs: Sequence[tuple["FP8WeightCache", torch.Tensor]]) -> N
             members[0][0].refresh_(members[0][1])
             continue
         quantize_batch_([w for _, w in members], [c.w8 for c, _ in members], [c.w_scale for c, _ in members])
-        for cache, weight in members:
-            cache._store({"w_back": cache._backward_copy(weight, cache.w8)})
+        wider = [(c, w) for c, w in members if w.dtype != torch.bfloat16]       # their bf16 backward copies
+        if wider:
+            torch._foreach_copy_([c.w_back for c, _ in wider], [w.detach() for _, w in wider])
 
 
 @torch.no_grad()

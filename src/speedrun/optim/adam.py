@@ -59,7 +59,8 @@ class CautiousAdam(PerParameterOptimizer):
     (the new p is computed in fp32 and rounded once to p's dtype: for the records' bf16 weights, as their
     ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. On CUDA, a group without
     C-Optim updates each parameter in one pass of :func:`speedrun.kernels.adam.cautious_adam_` (the same
-    formula; the records compile theirs into one kernel), elsewhere the eager update below. Raises
+    formula; the records compile theirs into one kernel), the small ones together in one launch
+    (:func:`speedrun.kernels.adam.cautious_adam_many_`, :meth:`step`), elsewhere the eager update below. Raises
     ``ValueError`` on an invalid hyperparameter.
     """
 
@@ -94,6 +95,23 @@ class CautiousAdam(PerParameterOptimizer):
             _FUSED_MANY([p for p, _ in many], [p.grad for p, _ in many], [s["exp_avg"] for s in state],
                         [s["exp_avg_sq"] for s in state], [settings for _, settings in many])
         return loss
+
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Compile (or load) the CUDA kernels that :meth:`step` will launch, for the dtypes of this optimizer's
+        parameters, on scratch tensors of 16 elements (Triton specializes on the dtypes and on sizes divisible by
+        16, as the real ones are): the first update then compiles nothing inside the timed run. No parameter or
+        state changes; nothing off CUDA or without Triton."""
+        dtypes = {p.dtype for group in self.param_groups if not group.get("coptim", 0.0)
+                  for p in group["params"] if p.is_cuda and p.dtype != torch.float64}
+        for dtype in dtypes:
+            device = next(p.device for g in self.param_groups for p in g["params"] if p.is_cuda)
+            p, m, v = torch.zeros(16, dtype=dtype, device=device), *torch.zeros(2, 16, device=device)
+            settings = (0.9, 0.95, 1e-8, 0.0, 0.0)                    # a zero step: the scratch stays zero
+            if _FUSED_UPDATE is not None:
+                _FUSED_UPDATE(p, p.clone(), m, v, *settings)
+            if _FUSED_MANY is not None:
+                _FUSED_MANY([p], [p.clone()], [m], [v], [settings])
 
     def _advance(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[float, float, float, float, float]:
         """Count the step in ``p``'s state (made at its first step: ``step`` 0, fp32 zero moments) and return the

@@ -109,11 +109,13 @@ class Optimizers:
                 opt.step()
 
     def warm_up(self) -> None:
-        """Compile what the optimizers compile (Muon's bank directions with its ``compile``) before the timed
-        run, changing nothing (:meth:`speedrun.optim.muon.Muon.warm_up`)."""
+        """Compile what the optimizers compile before the timed run, changing nothing: Muon's bank directions
+        (with its ``compile``) and CUDA kernels, cautious Adam's kernels (:meth:`speedrun.optim.muon.Muon.warm_up`,
+        :meth:`speedrun.optim.adam.CautiousAdam.warm_up`)."""
         for opt in self.optimizers:
-            if isinstance(opt, Muon):
-                opt.warm_up()
+            warm_up = getattr(opt, "warm_up", None)
+            if warm_up is not None:
+                warm_up()
 
     def zero_grad(self, adam: bool = True) -> None:
         """Clear the gradients (set to None) of every optimizer's parameters; with ``adam`` false the Adams'

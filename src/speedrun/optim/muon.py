@@ -358,9 +358,11 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def warm_up(self) -> None:
-        """Compile the bank directions that :meth:`step` will run (with ``compile``; else nothing), on zero tensors
-        of each bank's shapes as this rank sees them, every parameter counted as having a gradient: no
-        parameter, state or setting changes. The first training step then compiles nothing (its time counts)."""
+        """Compile the bank directions that :meth:`step` will run (with ``compile``), on zero tensors of each
+        bank's shapes as this rank sees them, every parameter counted as having a gradient, and the weight step's
+        CUDA kernel for bf16 weights (on scratch tensors): no parameter, state or setting changes. The first
+        training step then compiles nothing (its time counts)."""
+        self._warm_up_update_kernel()
         if self._compiled is None:
             return
         comm = self.communicator()
@@ -374,6 +376,16 @@ class Muon(torch.optim.Optimizer):
                                       if group["normuon_beta2"] is not None else None,
                                       working_dtype(first.dtype), first.device)
             self._direction(group, torch.zeros_like(scratch.momentum), scratch, block_rows)
+
+    def _warm_up_update_kernel(self) -> None:
+        """Compile (or load) the one-pass weight step of bf16 weights (:func:`speedrun.kernels.muon_update.muon_update_`)
+        on 16 scratch elements, with the update in bf16 as the CUDA orthogonalization gives it, when a parameter
+        is a CUDA bf16 weight (Triton specializes on dtypes and on sizes divisible by 16, as the weights are)."""
+        weights = [p for g in self.param_groups for p in g["params"] if p.is_cuda and p.dtype == torch.bfloat16]
+        if _FUSED_UPDATE is None or not weights:
+            return
+        p = torch.zeros(16, dtype=torch.bfloat16, device=weights[0].device)
+        _FUSED_UPDATE(p, torch.zeros(16, dtype=torch.int16, device=p.device), torch.zeros_like(p), 0.0, 0.0)
 
     @staticmethod
     def _second_moment_shape(bank: Bank, block_rows: int) -> tuple[int, ...]:

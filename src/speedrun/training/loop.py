@@ -70,7 +70,8 @@ class RunResult:
 
 class TrainClock:
     """Cumulative training wall time (``time.perf_counter``), paused around validation; synchronizes the GPU
-    before every reading."""
+    before every reading (start, stop, :meth:`elapsed_ms`), except :meth:`elapsed_ms_at`, which reads a step's
+    end from its CUDA timing event instead."""
 
     def __init__(self, device: torch.device):
         self._cuda = device.type == "cuda"
