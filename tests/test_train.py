@@ -541,3 +541,47 @@ def test_compile_cache_points_inductor_and_triton_into_one_folder_unless_set(tmp
     use_compile_cache(tmp_path / "cache", mine)
     assert mine["TRITON_CACHE_DIR"] == "/elsewhere"
     assert mine["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")
+
+
+def test_gradients_accumulate_in_one_multi_tensor_add_bit_for_bit_as_backward():
+    """accumulate_gradients (train_step's): over three micro-batches of the record88 preset at a tiny width, from a
+    kept gradient on one parameter (Adam's between its updates), the same gradients bit for bit as autograd's own
+    accumulation by ``backward()``, with one multi-tensor add per micro-batch instead of an add per parameter."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from record_models import tiny_config
+    from speedrun.model.gpt import GPT
+    from speedrun.training.loop import accumulate_gradients
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    config = tiny_config("record88", bigram_dim=32, rotary_positions=256, fp8_mlp=False, prefix_token_loss=False)
+    gen = torch.Generator().manual_seed(4)
+    batches = [torch.randint(0, 50304, (33,), generator=gen) for _ in range(3)]
+    results, adds = [], []
+    for ours in (False, True):
+        torch.manual_seed(0)
+        model = GPT(config)
+        params = [p for p in model.parameters() if p.requires_grad]
+        model.lm_head.weight.grad = torch.full_like(model.lm_head.weight, 0.5)          # a kept gradient
+        with Ops() as ops:
+            for tokens in batches:
+                cu = torch.tensor([0, 32], dtype=torch.int32)
+                loss = model(tokens[:-1], tokens[1:], cu, 32) / 3
+                accumulate_gradients(loss, params) if ours else loss.backward()
+        results.append([None if p.grad is None else p.grad.clone() for p in params])
+        adds.append((ops.names.count("add_"), ops.names.count("_foreach_add_")))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(*results, strict=True))
+    with_grads = sum(g is not None for g in results[1])
+    assert with_grads > 80
+    assert adds[1][1] == 3 and adds[0][1] == 0                 # one multi-tensor add per micro-batch
+    # autograd's own: an add per parameter in micro-batches 2 and 3, and one for the kept gradient (358 - 129)
+    assert adds[0][0] - adds[1][0] == 2 * with_grads + 1

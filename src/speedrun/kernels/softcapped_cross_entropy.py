@@ -155,14 +155,8 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses
     else:
         lse = _row_logsumexp_capped(row_ptr, V, cap, KIND, FAST, BLOCK)
     if WEIGHTED:
-        loss = 0.0
-        total = 0.0                                                    # Σ_j w_j: the softmax's weight
-        for j in tl.static_range(TERMS):
-            target_j = tl.load(targets_ptr + row * TERMS + j)
-            weight_j = tl.load(weights_ptr + row * TERMS + j)
-            loss += weight_j * (lse - _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST))
-            total += weight_j
-        tl.store(losses_ptr + row, loss)
+        total = _store_weighted_loss(row, row_ptr, targets_ptr, weights_ptr, losses_ptr, lse, cap, KIND, FAST,
+                                     TERMS)                            # Σ_j w_j: the softmax's weight
     else:
         target = tl.load(targets_ptr + row)
         y_target = _capped(tl.load(row_ptr + target).to(tl.float32), cap, KIND, FAST)
@@ -182,19 +176,49 @@ def _softcapped_ce_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses
                 d = tl.exp(y - lse) - tl.where(cols == target, 1.0, 0.0)
             _store_grad(grad_row + cols, d * _cap_derivative(y, cap, KIND) * mul, cols < V, E5M2)
         if WEIGHTED:
-            # the TERMS target columns, after every thread's dense store of the row (bar.sync orders the CTA's
-            # global stores): Σ_j w_j softmax - Σ_{k: target_k = column} w_k there; a column that several
-            # terms name gets the same value from each
-            tl.debug_barrier()
-            for j in tl.static_range(TERMS):
-                target_j = tl.load(targets_ptr + row * TERMS + j)
-                y_j = _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST)
-                hits = 0.0
-                for k in tl.static_range(TERMS):
-                    hits += tl.where(tl.load(targets_ptr + row * TERMS + k) == target_j,
-                                     tl.load(weights_ptr + row * TERMS + k), 0.0)
-                d_j = (total * tl.exp(y_j - lse) - hits) * _cap_derivative(y_j, cap, KIND) * mul
-                _store_grad(grad_row + target_j, d_j, True, E5M2)
+            _patch_target_columns(row, row_ptr, grad_row, targets_ptr, weights_ptr, lse, total, mul, cap, KIND,
+                                  FAST, TERMS, True, E5M2)
+
+
+@triton.jit
+def _store_weighted_loss(row, row_ptr, targets_ptr, weights_ptr, losses_ptr, lse, cap: tl.constexpr,
+                         KIND: tl.constexpr, FAST: tl.constexpr, TERMS: tl.constexpr):
+    """losses_ptr[row] = Σ_j w_j (lse - y_{target_j}) over the row's TERMS targets and weights (row-major
+    (T, TERMS) at targets_ptr, weights_ptr), the capped target logits read again from the row; returns
+    Σ_j w_j, the weight of the row's softmax in its gradient."""
+    loss = 0.0
+    total = 0.0
+    for j in tl.static_range(TERMS):
+        target_j = tl.load(targets_ptr + row * TERMS + j)
+        weight_j = tl.load(weights_ptr + row * TERMS + j)
+        loss += weight_j * (lse - _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST))
+        total += weight_j
+    tl.store(losses_ptr + row, loss)
+    return total
+
+
+@triton.jit
+def _patch_target_columns(row, row_ptr, grad_row, targets_ptr, weights_ptr, lse, total, mul, cap: tl.constexpr,
+                          KIND: tl.constexpr, FAST: tl.constexpr, TERMS: tl.constexpr, WEIGHTED: tl.constexpr,
+                          E5M2: tl.constexpr):
+    """The gradient at the row's target columns, after every thread's dense store of ``total · softmax``
+    (bar.sync orders the CTA's global stores): ``(total · softmax - Σ_{k: target_k = column} w_k) · dy/dz ·
+    mul`` there; a column that several terms name gets the same value from each. ``WEIGHTED``: TERMS targets
+    and weights per row, else the row's one target (targets_ptr[row]) with weight 1."""
+    tl.debug_barrier()
+    for j in tl.static_range(TERMS):
+        if WEIGHTED:
+            target_j = tl.load(targets_ptr + row * TERMS + j)
+            hits = 0.0
+            for k in tl.static_range(TERMS):
+                hits += tl.where(tl.load(targets_ptr + row * TERMS + k) == target_j,
+                                 tl.load(weights_ptr + row * TERMS + k), 0.0)
+        else:
+            target_j = tl.load(targets_ptr + row)
+            hits = 1.0
+        y_j = _capped(tl.load(row_ptr + target_j).to(tl.float32), cap, KIND, FAST)
+        d_j = (total * tl.exp(y_j - lse) - hits) * _cap_derivative(y_j, cap, KIND) * mul
+        _store_grad(grad_row + target_j, d_j, True, E5M2)
 
 
 @triton.jit
@@ -205,6 +229,127 @@ def _store_grad(ptrs, d, mask, E5M2: tl.constexpr):
         tl.store(ptrs, d.to(tl.float8e5, fp_downcast_rounding="rtne"), mask=mask)
     else:
         tl.store(ptrs, d.to(ptrs.dtype.element_ty), mask=mask)
+
+
+# The one-sweep variant (softcapped kinds): the row's columns in pieces of CHUNK held in registers, the last
+# piece the next power of two of what is left (masked when that is not all of it). Autotuned per (V, kind,
+# gradient, ...); ONE_SWEEP_MAX_VOCAB bounds the rows it takes (a longer one would not fit on chip).
+_ONE_SWEEP_CONFIGS = [triton.Config({"CHUNK": chunk}, num_warps=warps)
+                      for chunk, warps in ((1024, 8), (2048, 8), (2048, 16), (4096, 16), (4096, 32))]
+ONE_SWEEP_MAX_VOCAB = 65536
+
+
+@triton.constexpr_function
+def _piece_count(V, CHUNK):
+    """Pieces the one-sweep kernel splits a row of V columns into: the full chunks, and one for the rest."""
+    return -(-V // CHUNK)
+
+
+@triton.constexpr_function
+def _piece_size(V, CHUNK, i):
+    """Columns of piece ``i``: CHUNK, or for the last piece the next power of two of the columns left."""
+    left = V - i * CHUNK
+    return CHUNK if left >= CHUNK else triton.next_power_of_2(left)
+
+
+@triton.constexpr_function
+def _interpreting():
+    """Whether kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _pack_bf16_pairs(x):
+    """(N,) fp32 -> (N/2,) uint32: neighbouring values rounded to bf16 (to nearest even) and packed two per
+    32-bit word (the even column in the low half), so that a kept value takes half a register. One PTX
+    ``cvt.rn.bf16x2.f32`` per pair, opaque to LLVM: a bf16 tensor, or pairs packed with integer operations,
+    would be unpacked again by LLVM into one 32-bit register per value. The interpreter rounds with integer
+    operations instead (finite values)."""
+    low, high = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
+    if _interpreting():
+        low = low.to(tl.uint32, bitcast=True)
+        high = high.to(tl.uint32, bitcast=True)
+        low = (low + 0x7FFF + ((low >> 16) & 1)) >> 16
+        high = (high + 0x7FFF + ((high >> 16) & 1)) >> 16
+        packed = low | (high << 16)
+    else:
+        packed = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [low, high],
+                                           dtype=tl.uint32, is_pure=True, pack=1)
+    return packed
+
+
+@triton.jit
+def _kept_values(kept, KEEP_BF16: tl.constexpr):
+    """The fp32 values of a kept piece: unpacked (:func:`_pack_bf16_pairs`) with ``KEEP_BF16``, else itself."""
+    values = kept
+    if KEEP_BF16:
+        low = (kept << 16).to(tl.float32, bitcast=True)
+        high = ((kept >> 16) << 16).to(tl.float32, bitcast=True)
+        values = tl.reshape(tl.join(low, high), (kept.shape[0] * 2,))
+    return values
+
+
+@triton.autotune(configs=_ONE_SWEEP_CONFIGS,
+                 key=["V", "KIND", "WITH_GRAD", "E5M2", "FAST", "TERMS", "WEIGHTED", "NORMED", "KEEP_BF16"])
+@triton.jit
+def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses_ptr, grad_ptr,
+                                    stride_row, grad_stride_row, V: tl.constexpr, cap: tl.constexpr,
+                                    grad_mul: tl.constexpr, KIND: tl.constexpr, WITH_GRAD: tl.constexpr,
+                                    E5M2: tl.constexpr, FAST: tl.constexpr, TERMS: tl.constexpr,
+                                    WEIGHTED: tl.constexpr, NORMED: tl.constexpr, KEEP_BF16: tl.constexpr,
+                                    CHUNK: tl.constexpr):
+    """:func:`_softcapped_ce_kernel` for a softcapped row (KIND 1 or 2) in one sweep over its logits: each
+    column's capped value y, ``e = exp(y - cap)`` and ``q = e · dy/dz`` once, the row's q kept in registers
+    (bf16 with ``KEEP_BF16``, else fp32) while Σ e completes; then ``lse = cap + log Σ e``, the dense gradient
+    ``q · total · mul / Σ e`` (total: Σ_j w_j, or 1) from the registers, and the target columns patched as
+    in the two-sweep kernel. V (the row's length) is a compile-time constant: it fixes the pieces."""
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * stride_row
+    acc = tl.zeros((CHUNK,), dtype=tl.float32)                      # Σ e per lane over the full chunks
+    rest = 0.0                                                       # Σ e of a last piece shorter than CHUNK
+    kept = ()
+    for i in tl.static_range(_piece_count(V, CHUNK)):
+        cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
+        if (i + 1) * CHUNK <= V:
+            y = _capped(tl.load(row_ptr + cols).to(tl.float32), cap, KIND, FAST)
+            e = tl.exp(y - cap)
+        else:
+            y = _capped(tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32), cap, KIND, FAST)
+            e = tl.where(cols < V, tl.exp(y - cap), 0.0)
+        if _piece_size(V, CHUNK, i) == CHUNK:
+            acc += e
+        else:
+            rest = tl.sum(e, axis=0)
+        if WITH_GRAD:
+            q = e * _cap_derivative(y, cap, KIND)
+            if KEEP_BF16:
+                q = _pack_bf16_pairs(q)
+            kept = kept + (q,)
+    total_exp = tl.sum(acc, axis=0) + rest
+    lse = cap + tl.log(total_exp)
+    if WEIGHTED:
+        total = _store_weighted_loss(row, row_ptr, targets_ptr, weights_ptr, losses_ptr, lse, cap, KIND, FAST,
+                                     TERMS)
+    else:
+        total = 1.0
+        y_target = _capped(tl.load(row_ptr + tl.load(targets_ptr + row)).to(tl.float32), cap, KIND, FAST)
+        tl.store(losses_ptr + row, lse - y_target)
+    if WITH_GRAD:
+        mul = grad_mul
+        if NORMED:
+            mul = grad_mul / tl.load(norm_ptr)
+        scale = total * mul / total_exp                                 # p = e / Σ e
+        grad_row = grad_ptr + row * grad_stride_row
+        for i in tl.static_range(_piece_count(V, CHUNK)):
+            cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
+            if (i + 1) * CHUNK <= V:
+                _store_grad(grad_row + cols, _kept_values(kept[i], KEEP_BF16) * scale, None, E5M2)
+            else:
+                _store_grad(grad_row + cols, _kept_values(kept[i], KEEP_BF16) * scale, cols < V, E5M2)
+        _patch_target_columns(row, row_ptr, grad_row, targets_ptr, weights_ptr, lse, total, mul, cap, KIND, FAST,
+                              TERMS, WEIGHTED, E5M2)
+
+
 
 
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
