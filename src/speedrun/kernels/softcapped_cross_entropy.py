@@ -232,11 +232,16 @@ def _store_grad(ptrs, d, mask, E5M2: tl.constexpr):
 
 
 # The one-sweep variant (softcapped kinds): the row's columns in pieces of CHUNK held in registers, the last
-# piece the next power of two of what is left (masked when that is not all of it). Autotuned per (V, kind,
-# gradient, ...); ONE_SWEEP_MAX_VOCAB bounds the rows it takes (a longer one would not fit on chip).
-_ONE_SWEEP_CONFIGS = [triton.Config({"CHUNK": chunk}, num_warps=warps)
-                      for chunk, warps in ((1024, 8), (2048, 8), (2048, 16), (4096, 16), (4096, 32))]
+# piece the next power of two of what is left (masked when that is more). Autotuned per (V, kind, gradient,
+# ...). Offline sm_90 compile (Triton 3.6, ptxas of its wheel; V = 50304, shifted sigmoid, e5m2 gradient,
+# four weighted terms): CHUNK 2048 / 8 warps capped at 128 registers and CHUNK 1024 / 8 warps: 128
+# registers, no spill, two programs per SM; CHUNK 2048 / 16 warps: 1 program per SM of 16 warps; CHUNK 4096
+# / 32 warps: 64 registers, one program of 32 warps. ONE_SWEEP_MAX_VOCAB: the longest row it takes.
+_ONE_SWEEP_CONFIGS = [triton.Config({"CHUNK": chunk}, num_warps=warps, maxnreg=maxnreg)
+                      for chunk, warps, maxnreg in ((1024, 8, 128), (2048, 8, 128), (2048, 16, None),
+                                                    (4096, 32, None))]
 ONE_SWEEP_MAX_VOCAB = 65536
+_LOG2E = 1.4426950408889634
 
 
 @triton.constexpr_function
@@ -258,13 +263,66 @@ def _interpreting():
     return bool(triton.knobs.runtime.interpret)
 
 
+@triton.constexpr_function
+def _exp_scale(cap, KIND, FAST):
+    """A with e = exp(y - cap) = 2^(A·(s - 1)) for the s of :func:`_exp_and_slope`: y - cap = c·(t - 1)
+    (tanh), c·(t - 1)/2 (shifted sigmoid through tanh), 2c·(σ - 1) (tanh through σ), c·(σ - 1) (shifted
+    sigmoid)."""
+    factor = {(1, True): 1.0, (2, True): 0.5, (1, False): 2.0, (2, False): 1.0}[(KIND, bool(FAST))]
+    return factor * cap * _LOG2E
+
+
+@triton.constexpr_function
+def _slope_scale(cap, KIND, FAST):
+    """dy/dz over the w of :func:`_exp_and_slope`: 1 - t² (tanh), c/30 · (1 - t²) (shifted sigmoid through
+    tanh: σ(u)(1 - σ(u)) = (1 - tanh²(u/2)) / 4), 4 σ(1 - σ) (tanh through σ), c/7.5 · σ(1 - σ) (shifted
+    sigmoid)."""
+    return {(1, True): 1.0, (2, True): cap / 30.0, (1, False): 4.0, (2, False): cap / 7.5}[(KIND, bool(FAST))]
+
+
+@triton.jit
+def _exp2(x):
+    """2^x: PTX ``ex2.approx.ftz.f32`` (one special-function operation; ``tl.exp2`` adds the subnormal
+    handling of the non-ftz form, three more operations, needless for the one-sweep kernel's x >= -89),
+    ``tl.exp2`` in the interpreter."""
+    if _interpreting():
+        result = tl.exp2(x)
+    else:
+        result = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                           is_pure=True, pack=1)
+    return result
+
+
+@triton.jit
+def _exp_and_slope(z, cap: tl.constexpr, KIND: tl.constexpr, FAST: tl.constexpr):
+    """From raw logits z (fp32), the softcap (KIND 1 tanh, 2 shifted sigmoid) folded for the one-sweep
+    kernel: ``(e, w)`` with e = exp(y - cap) (y = softcap(z)) and w = dy/dz / :func:`_slope_scale`. Through
+    s = tanh of the cap's argument (FAST, :func:`_tanh_approx`: the cap as in :func:`_capped`) or σ of it
+    (exact): e = 2^(A·s - A) and w = 1 - s² or s - s², a fused multiply-add each instead of :func:`_capped`,
+    ``y - cap``, ``tl.exp`` and :func:`_cap_derivative`'s several operations."""
+    if FAST:
+        if KIND == 1:
+            s = _tanh_approx(z * (1.0 / cap))
+        else:
+            s = _tanh_approx(z * (0.5 / 7.5) + (2.5 / 7.5))
+        w = 1.0 - s * s
+    else:
+        if KIND == 1:
+            s = _sigmoid(z * (2.0 / cap))
+        else:
+            s = _sigmoid(z * (1.0 / 7.5) + (5.0 / 7.5))
+        w = s - s * s
+    scale: tl.constexpr = _exp_scale(cap, KIND, FAST)
+    return _exp2(s * scale - scale), w
+
+
 @triton.jit
 def _pack_bf16_pairs(x):
     """(N,) fp32 -> (N/2,) uint32: neighbouring values rounded to bf16 (to nearest even) and packed two per
     32-bit word (the even column in the low half), so that a kept value takes half a register. One PTX
-    ``cvt.rn.bf16x2.f32`` per pair, opaque to LLVM: a bf16 tensor, or pairs packed with integer operations,
-    would be unpacked again by LLVM into one 32-bit register per value. The interpreter rounds with integer
-    operations instead (finite values)."""
+    ``cvt.rn.bf16x2.f32`` per pair, opaque to LLVM: from a bf16 tensor, or pairs packed with integer
+    operations, LLVM makes one 32-bit register per value again (the row then spills). The interpreter rounds
+    with integer operations instead (finite values)."""
     low, high = tl.split(tl.reshape(x, (x.shape[0] // 2, 2)))
     if _interpreting():
         low = low.to(tl.uint32, bitcast=True)
@@ -298,30 +356,34 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
                                     E5M2: tl.constexpr, FAST: tl.constexpr, TERMS: tl.constexpr,
                                     WEIGHTED: tl.constexpr, NORMED: tl.constexpr, KEEP_BF16: tl.constexpr,
                                     CHUNK: tl.constexpr):
-    """:func:`_softcapped_ce_kernel` for a softcapped row (KIND 1 or 2) in one sweep over its logits: each
-    column's capped value y, ``e = exp(y - cap)`` and ``q = e · dy/dz`` once, the row's q kept in registers
-    (bf16 with ``KEEP_BF16``, else fp32) while Σ e completes; then ``lse = cap + log Σ e``, the dense gradient
-    ``q · total · mul / Σ e`` (total: Σ_j w_j, or 1) from the registers, and the target columns patched as
-    in the two-sweep kernel. V (the row's length) is a compile-time constant: it fixes the pieces."""
+    """:func:`_softcapped_ce_kernel` for a softcapped row (KIND 1 or 2) in one sweep over its logits, with
+    the row kept on chip as record #88's ``ce_fwd_bwd_kernel`` keeps it (there: the capped values in shared
+    memory, read by two exponential passes). Per column, once: ``e = exp(y - cap)`` (the softcap bounds y
+    by cap, the sum's maximum) and ``q = e · dy/dz`` (:func:`_exp_and_slope`); q stays in registers (two bf16
+    per 32-bit word with ``KEEP_BF16``, else fp32) while Σ e completes. Then ``lse = cap + log Σ e``, the
+    losses as in the two-sweep kernel, the dense gradient ``q · total · mul / Σ e`` (softmax · dy/dz;
+    total = Σ_j w_j, or 1) from the registers, and the target columns patched
+    (:func:`_patch_target_columns`, also for one unweighted target). V (the row's length) is a compile-time
+    constant: it fixes the pieces. One read of the logits, one cap and one exponential per column."""
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
-    acc = tl.zeros((CHUNK,), dtype=tl.float32)                      # Σ e per lane over the full chunks
+    acc = tl.zeros((CHUNK,), dtype=tl.float32)                      # Σ e per lane over the full pieces
     rest = 0.0                                                       # Σ e of a last piece shorter than CHUNK
     kept = ()
     for i in tl.static_range(_piece_count(V, CHUNK)):
         cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
         if (i + 1) * CHUNK <= V:
-            y = _capped(tl.load(row_ptr + cols).to(tl.float32), cap, KIND, FAST)
-            e = tl.exp(y - cap)
+            e, w = _exp_and_slope(tl.load(row_ptr + cols).to(tl.float32), cap, KIND, FAST)
         else:
-            y = _capped(tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32), cap, KIND, FAST)
-            e = tl.where(cols < V, tl.exp(y - cap), 0.0)
+            e, w = _exp_and_slope(tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32), cap, KIND,
+                                  FAST)
+            e = tl.where(cols < V, e, 0.0)
         if _piece_size(V, CHUNK, i) == CHUNK:
             acc += e
         else:
             rest = tl.sum(e, axis=0)
         if WITH_GRAD:
-            q = e * _cap_derivative(y, cap, KIND)
+            q = e * w
             if KEEP_BF16:
                 q = _pack_bf16_pairs(q)
             kept = kept + (q,)
@@ -338,7 +400,8 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
         mul = grad_mul
         if NORMED:
             mul = grad_mul / tl.load(norm_ptr)
-        scale = total * mul / total_exp                                 # p = e / Σ e
+        slope: tl.constexpr = _slope_scale(cap, KIND, FAST)
+        scale = total * (mul * slope) / total_exp                      # softmax = e / Σ e
         grad_row = grad_ptr + row * grad_stride_row
         for i in tl.static_range(_piece_count(V, CHUNK)):
             cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
@@ -348,8 +411,6 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
                 _store_grad(grad_row + cols, _kept_values(kept[i], KEEP_BF16) * scale, cols < V, E5M2)
         _patch_target_columns(row, row_ptr, grad_row, targets_ptr, weights_ptr, lse, total, mul, cap, KIND, FAST,
                               TERMS, WEIGHTED, E5M2)
-
-
 
 
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
