@@ -27,6 +27,18 @@ With a softcap the logits are bounded above by c, so m = c and the sum needs no 
 the first sweep keeps a running maximum (online softmax, Milakov & Gimelshein 2018). Per row the HBM traffic
 is one read of the logits and one write of the gradient.
 
+The one-sweep variant (``one_sweep=True``; softcapped rows only, V <= 65536): record #88's
+``ce_fwd_bwd_kernel`` keeps the row on chip (its capped values in shared memory, bf16) and runs its
+exponential passes from there: one cap and two exponentials per column, one read of the logits. Ours keeps
+in registers, per column, ``q = exp(y - c) · dy/dz`` (two bf16 per 32-bit register for an e5m2 gradient,
+fp32 otherwise): one read, one cap and one exponential per column (the two-sweep kernel: two reads,
+two caps, two exponentials), the exponent and the cap's slope folded into fused multiply-adds of the cap's
+tanh or sigmoid (:func:`_exp_and_slope`). The row is split into fixed pieces of CHUNK columns, unrolled at
+compile time (V is a compile-time constant there). Offline sm_90 compile (Triton 3.6, V = 50304, shifted
+sigmoid, e5m2, four weighted terms): 128 registers with 8 warps and no spill, two programs per SM; see
+``_ONE_SWEEP_CONFIGS``. The bf16 kept value adds at most 2⁻⁸ relative before the e5m2 rounding (2 mantissa
+bits, half a step 2⁻³): at most one e5m2 step from the two-sweep kernel's value.
+
 The exponentials and divisions of the softcap and the softmax, not memory, bound it: constants are folded
 into multiplies and the sigmoid's division is the fast one. With an e5m2 gradient (the FP8 head, whose
 logits come from e4m3 operands with 2⁻⁴ relative precision) both caps come from the special-function
@@ -42,9 +54,11 @@ copy 2.0 ms; 6.7 ms with the exact tanh). A tile kernel that wrote both layouts 
 (logsumexp first, then 64 x 64 tiles with a transposed store) took 6.1 ms, so it was not kept.
 
 torch.compile: the kernel is the operator ``speedrun::softcapped_cross_entropy`` made with
-``torch.library.triton_op`` + ``wrap_triton``, so Dynamo and Inductor trace through it. On a CPU it runs
-only under Triton's interpreter (``TRITON_INTERPRET=1``), which the tests use (without the approximate
-tanh: the interpreter cannot run PTX).
+``torch.library.triton_op`` + ``wrap_triton``, so Dynamo and Inductor trace through it; its one-sweep path
+calls the opaque operator ``speedrun::softcapped_cross_entropy_one_sweep``, which Inductor runs as it is
+(so that the configs' register cap, ``maxnreg``, reaches the compiler). On a CPU it runs
+only under Triton's interpreter (``TRITON_INTERPRET=1``), which the tests use (there the approximate tanh
+is the exact one, and bf16 pairs are packed with integer operations: the interpreter cannot run PTX).
 """
 
 from __future__ import annotations
@@ -63,6 +77,12 @@ _CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps)
             for block, warps in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16))]
 
 
+@triton.constexpr_function
+def _interpreting():
+    """Whether kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX."""
+    return bool(triton.knobs.runtime.interpret)
+
+
 @triton.jit
 def _sigmoid(x):
     """1 / (1 + exp(-x)) with the fast division (``div.full.f32``, 2 ulp): two special-function operations
@@ -73,9 +93,14 @@ def _sigmoid(x):
 @triton.jit
 def _tanh_approx(x):
     """tanh(x) in one special-function operation (PTX ``tanh.approx.f32``, sm_75 and later; relative error
-    about 2⁻¹¹). CUDA only: Triton's interpreter cannot run inline PTX."""
-    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
-                                     pack=1)
+    about 2⁻¹¹). Triton's interpreter cannot run inline PTX: there the exact 2·sigmoid(2x) - 1, so that the
+    e5m2 path's arithmetic runs on a CPU too."""
+    if _interpreting():
+        result = 2.0 * _sigmoid(2.0 * x) - 1.0
+    else:
+        result = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                           is_pure=True, pack=1)
+    return result
 
 
 @triton.jit
@@ -233,13 +258,26 @@ def _store_grad(ptrs, d, mask, E5M2: tl.constexpr):
 
 # The one-sweep variant (softcapped kinds): the row's columns in pieces of CHUNK held in registers, the last
 # piece the next power of two of what is left (masked when that is more). Autotuned per (V, kind, gradient,
-# ...). Offline sm_90 compile (Triton 3.6, ptxas of its wheel; V = 50304, shifted sigmoid, e5m2 gradient,
-# four weighted terms): CHUNK 2048 / 8 warps capped at 128 registers and CHUNK 1024 / 8 warps: 128
-# registers, no spill, two programs per SM; CHUNK 2048 / 16 warps: 1 program per SM of 16 warps; CHUNK 4096
-# / 32 warps: 64 registers, one program of 32 warps. ONE_SWEEP_MAX_VOCAB: the longest row it takes.
-_ONE_SWEEP_CONFIGS = [triton.Config({"CHUNK": chunk}, num_warps=warps, maxnreg=maxnreg)
-                      for chunk, warps, maxnreg in ((1024, 8, 128), (2048, 8, 128), (2048, 16, None),
-                                                    (4096, 32, None))]
+# ...) among the configs of its kept dtype. Offline sm_90 compile (Triton 3.6 and the ptxas of its wheel,
+# V = 50304, bf16 logits; 1 KB of shared memory each, the reductions'), registers / spilled bytes / programs
+# per SM, for the shifted sigmoid with four weighted terms and the tanh with one target:
+#   bf16 kept (e5m2 gradient, approximate tanh):
+#     CHUNK 2048, 8 warps, maxnreg 128: 128 / 0 / 2      CHUNK 1024, 8 warps, maxnreg 128: 128 / 0 / 2
+#     CHUNK 1024, 16 warps, maxnreg 64: 64 / 24 and 0 / 2    CHUNK 2048, 16 warps: 127 and 117 / 0 / 1
+#     CHUNK 4096, 32 warps: 57 and 52 / 0 / 1
+#   fp32 kept (bf16 gradient, exact caps):
+#     CHUNK 2048, 32 warps: 64 / 24 and 0 / 1            CHUNK 8192, 32 warps: 64 / 40 and 0 / 1
+#     CHUNK 4096, 16 warps: 128 / 160 / 1
+# (without maxnreg ptxas gives CHUNK 2048 with 8 warps 254 registers: one program per SM). maxnreg reaches
+# the compiler because the kernel is launched by Triton's autotuner inside an opaque operator
+# (:func:`_one_sweep`); Inductor's launcher of a user kernel drops it. ONE_SWEEP_MAX_VOCAB: the longest row
+# taken (checked at 50304 only: a longer row needs more registers per thread and may spill).
+_ONE_SWEEP_CONFIGS = {
+    True: [triton.Config({"CHUNK": chunk}, num_warps=warps, maxnreg=maxnreg)
+           for chunk, warps, maxnreg in ((2048, 8, 128), (1024, 8, 128), (1024, 16, 64), (2048, 16, None),
+                                         (4096, 32, None))],
+    False: [triton.Config({"CHUNK": chunk}, num_warps=warps) for chunk, warps in ((2048, 32), (8192, 32), (4096, 16))],
+}
 ONE_SWEEP_MAX_VOCAB = 65536
 _LOG2E = 1.4426950408889634
 
@@ -252,15 +290,10 @@ def _piece_count(V, CHUNK):
 
 @triton.constexpr_function
 def _piece_size(V, CHUNK, i):
-    """Columns of piece ``i``: CHUNK, or for the last piece the next power of two of the columns left."""
+    """Columns of piece ``i``: CHUNK, or for the last piece the next power of two of the columns left (at
+    least 16: bf16 pairs need an even count)."""
     left = V - i * CHUNK
-    return CHUNK if left >= CHUNK else triton.next_power_of_2(left)
-
-
-@triton.constexpr_function
-def _interpreting():
-    """Whether kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which cannot run inline PTX."""
-    return bool(triton.knobs.runtime.interpret)
+    return CHUNK if left >= CHUNK else max(triton.next_power_of_2(left), 16)
 
 
 @triton.constexpr_function
@@ -280,16 +313,23 @@ def _slope_scale(cap, KIND, FAST):
     return {(1, True): 1.0, (2, True): cap / 30.0, (1, False): 4.0, (2, False): cap / 7.5}[(KIND, bool(FAST))]
 
 
+@triton.constexpr_function
+def _normal_exponentials(cap, KIND):
+    """Whether every exp(y - cap) is a normal fp32 number: y - cap >= -2c (tanh) or -c (shifted sigmoid), so
+    for c up to 43 (tanh) or 87 (shifted sigmoid)."""
+    return (2.0 if KIND == 1 else 1.0) * cap * _LOG2E < 126.0
+
+
 @triton.jit
-def _exp2(x):
-    """2^x: PTX ``ex2.approx.ftz.f32`` (one special-function operation; ``tl.exp2`` adds the subnormal
-    handling of the non-ftz form, three more operations, needless for the one-sweep kernel's x >= -89),
-    ``tl.exp2`` in the interpreter."""
-    if _interpreting():
-        result = tl.exp2(x)
-    else:
+def _exp2(x, FTZ: tl.constexpr):
+    """2^x: with ``FTZ`` PTX ``ex2.approx.ftz.f32`` (one special-function operation; ``tl.exp2`` adds three
+    operations for subnormal results, needless where none can occur: :func:`_normal_exponentials`), else and
+    in the interpreter ``tl.exp2``."""
+    if FTZ and not _interpreting():
         result = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
                                            is_pure=True, pack=1)
+    else:
+        result = tl.exp2(x)
     return result
 
 
@@ -313,7 +353,7 @@ def _exp_and_slope(z, cap: tl.constexpr, KIND: tl.constexpr, FAST: tl.constexpr)
             s = _sigmoid(z * (1.0 / 7.5) + (5.0 / 7.5))
         w = s - s * s
     scale: tl.constexpr = _exp_scale(cap, KIND, FAST)
-    return _exp2(s * scale - scale), w
+    return _exp2(s * scale - scale, _normal_exponentials(cap, KIND)), w
 
 
 @triton.jit
@@ -347,8 +387,6 @@ def _kept_values(kept, KEEP_BF16: tl.constexpr):
     return values
 
 
-@triton.autotune(configs=_ONE_SWEEP_CONFIGS,
-                 key=["V", "KIND", "WITH_GRAD", "E5M2", "FAST", "TERMS", "WEIGHTED", "NORMED", "KEEP_BF16"])
 @triton.jit
 def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_ptr, losses_ptr, grad_ptr,
                                     stride_row, grad_stride_row, V: tl.constexpr, cap: tl.constexpr,
@@ -372,7 +410,7 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
     kept = ()
     for i in tl.static_range(_piece_count(V, CHUNK)):
         cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
-        if (i + 1) * CHUNK <= V:
+        if i * CHUNK + _piece_size(V, CHUNK, i) <= V:                 # no column past V
             e, w = _exp_and_slope(tl.load(row_ptr + cols).to(tl.float32), cap, KIND, FAST)
         else:
             e, w = _exp_and_slope(tl.load(row_ptr + cols, mask=cols < V, other=0.0).to(tl.float32), cap, KIND,
@@ -405,7 +443,7 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
         grad_row = grad_ptr + row * grad_stride_row
         for i in tl.static_range(_piece_count(V, CHUNK)):
             cols = i * CHUNK + tl.arange(0, _piece_size(V, CHUNK, i))
-            if (i + 1) * CHUNK <= V:
+            if i * CHUNK + _piece_size(V, CHUNK, i) <= V:
                 _store_grad(grad_row + cols, _kept_values(kept[i], KEEP_BF16) * scale, None, E5M2)
             else:
                 _store_grad(grad_row + cols, _kept_values(kept[i], KEEP_BF16) * scale, cols < V, E5M2)
@@ -413,11 +451,47 @@ def _softcapped_ce_one_sweep_kernel(logits_ptr, targets_ptr, weights_ptr, norm_p
                               TERMS, WEIGHTED, E5M2)
 
 
+# The one-sweep kernel autotuned among the configs of each kept dtype: KEEP_BF16 -> autotuner.
+_ONE_SWEEP_KEY = ["V", "KIND", "WITH_GRAD", "E5M2", "FAST", "TERMS", "WEIGHTED", "NORMED", "KEEP_BF16"]
+_one_sweep_kernels = {keep: triton.autotune(configs=configs, key=_ONE_SWEEP_KEY)(_softcapped_ce_one_sweep_kernel)
+                      for keep, configs in _ONE_SWEEP_CONFIGS.items()}
+
+
+@torch.library.custom_op("speedrun::softcapped_cross_entropy_one_sweep", mutates_args=())
+def _one_sweep(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None,
+               norm: torch.Tensor | None, cap: float, kind: int, with_grad: bool, grad_mul: float,
+               e5m2_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(losses, grad)`` of :func:`softcapped_cross_entropy_kernel` with ``one_sweep`` from its checked
+    inputs: logits (T, V), T >= 1, V <= ONE_SWEEP_MAX_VOCAB, unit stride along V; targets (T,) or (T, J)
+    int64 and weights None or (T, J) fp32, both contiguous; norm None or (1,) fp32; kind 1 or 2. An opaque
+    operator, not a triton_op: Inductor would launch the kernel itself and drop the configs' ``maxnreg``
+    (torch 2.11), which keeps 8 warps at 128 registers, two programs per SM. The kept values are bf16 with
+    an e5m2 gradient, fp32 otherwise."""
+    rows, vocab = logits.shape
+    grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
+    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
+    keep_bf16 = with_grad and e5m2_grad
+    _one_sweep_kernels[keep_bf16][(rows,)](
+        logits, targets, losses if weights is None else weights, losses if norm is None else norm, losses, grad,
+        logits.stride(0), grad.stride(0) if with_grad else 0, vocab, cap, grad_mul, KIND=kind, WITH_GRAD=with_grad,
+        E5M2=e5m2_grad, FAST=e5m2_grad and with_grad, TERMS=1 if weights is None else weights.size(1),
+        WEIGHTED=weights is not None, NORMED=norm is not None, KEEP_BF16=keep_bf16)
+    return losses, grad
+
+
+@_one_sweep.register_fake
+def _(logits, targets, weights, norm, cap, kind, with_grad, grad_mul, e5m2_grad):
+    grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
+    return (logits.new_empty(logits.size(0), dtype=torch.float32),
+            logits.new_empty(tuple(logits.shape) if with_grad else (0,), dtype=grad_dtype))
+
+
 @triton_op("speedrun::softcapped_cross_entropy", mutates_args={})
 def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor, cap: float, kind: int,
                                     with_grad: bool, grad_mul: float, e5m2_grad: bool = False,
-                                    weights: torch.Tensor | None = None, grad_norm: torch.Tensor | None = None
-                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                                    weights: torch.Tensor | None = None, grad_norm: torch.Tensor | None = None,
+                                    one_sweep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(losses (T,) fp32, grad)`` of the softcapped cross-entropy of ``logits`` (T, V) (bf16, fp16 or
     fp32, unit stride along V) against ``targets`` (T,) int64 in 0..V-1. ``kind``: 0 none (``cap``
     unused), 1 tanh, 2 shifted sigmoid (:data:`SOFTCAP_KINDS`); ``grad``: (T, V), dL_t/dz_t · grad_mul, in
@@ -426,8 +500,15 @@ def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor,
     call are then approximate, see the module docstring), or an empty (0,) tensor without ``with_grad``.
     ``weights``: None, or (T, J) float (J >= 1) with ``targets`` (T, J): the weighted loss of the module
     docstring (records #53, #88). ``grad_norm``: None or a 0-d float tensor the gradient is divided by.
+    ``one_sweep``: with a softcap (kind 1 or 2) the one-sweep kernel, which reads each row once and computes
+    one cap and one exponential per column, keeping the row in registers (record #88's ``ce_fwd_bwd_kernel``
+    keeps it on chip, in shared memory): V at most :data:`ONE_SWEEP_MAX_VOCAB`; the same losses (fp32) and
+    gradient to fp32 rounding as the two-sweep kernel's, except that with ``e5m2_grad`` the kept values are
+    bf16 (2⁻⁸ relative before the e5m2 rounding: at most one e5m2 step from the two-sweep kernel's). Without
+    a softcap (kind 0) the two-sweep kernel runs either way.
 
-    Raises :class:`SpeedrunError` on a bad shape, stride or kind, or inputs on different devices."""
+    Raises :class:`SpeedrunError` on a bad shape, stride or kind, inputs on different devices, or with
+    ``one_sweep`` and a softcap a vocabulary above :data:`ONE_SWEEP_MAX_VOCAB`."""
     require(logits.dim() == 2 and logits.stride(1) == 1,
            f"softcapped_cross_entropy: logits must be (T, V) with unit stride along V, got shape "
            f"{tuple(logits.shape)}, strides {logits.stride()}")
@@ -442,15 +523,23 @@ def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor,
     require(grad_norm is None or (grad_norm.numel() == 1 and grad_norm.device == logits.device),
            "softcapped_cross_entropy: grad_norm must be one number on the logits' device")
     require(kind in (0, 1, 2), f"softcapped_cross_entropy: kind must be 0, 1 or 2, got {kind}")
+    one_sweep = one_sweep and kind != 0
+    require(not one_sweep or vocab <= ONE_SWEEP_MAX_VOCAB,
+            lambda: f"softcapped_cross_entropy: the one-sweep kernel keeps a row on chip, at most "
+                    f"{ONE_SWEEP_MAX_VOCAB} columns; got V = {vocab}")
+    targets = targets.contiguous()                                   # the kernels index it as row-major
+    if weights is not None:
+        weights = weights.to(torch.float32).contiguous()
+    norm = None if grad_norm is None else grad_norm.reshape(1).to(torch.float32)
+    if one_sweep and rows > 0:
+        return _one_sweep(logits, targets, weights, norm, float(cap), kind, with_grad, float(grad_mul), e5m2_grad)
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
     grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
     if rows == 0:
         return losses, grad
     terms = 1 if weights is None else weights.size(1)
-    if weights is not None:
-        targets, weights = targets.contiguous(), weights.to(torch.float32).contiguous()
-    norm = losses if grad_norm is None else grad_norm.reshape(1).to(torch.float32)       # losses: unused
+    norm = losses if norm is None else norm                                             # losses: unused
     wrap_triton(_softcapped_ce_kernel)[(rows,)](
         logits, targets, losses if weights is None else weights, norm, losses, grad, vocab, logits.stride(0),
         grad.stride(0) if with_grad else 0, float(cap), float(grad_mul), KIND=kind, WITH_GRAD=with_grad,

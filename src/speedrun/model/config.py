@@ -25,7 +25,7 @@ from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
 AttentionBackend = Literal["reference", "sdpa", "sdpa_docs", "flex", "varlen", "fa3", "fa4", "auto"]
-CrossEntropyImpl = Literal["full", "chunked", "fused"]
+CrossEntropyImpl = Literal["full", "chunked", "fused", "fused_one_sweep"]
 SoftcapKind = Literal["tanh", "shifted_sigmoid"]
 SkipMode = Literal["none", "unet", "gated"]
 ResidualForm = Literal["block", "sublayer"]
@@ -220,7 +220,9 @@ class GPTConfig:
             model is compiled), taking its windows as Python numbers as every backend but ``flex`` does.
         cross_entropy: ``"full"`` materializes (T, vocab) logits for autograd; ``"chunked"`` computes loss and
             gradients chunk by chunk; ``"fused"`` computes loss and logit gradients in one pass over bf16
-            logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`).
+            logits (a Triton kernel on CUDA: the fastest on a GPU; see :mod:`speedrun.model.loss`);
+            ``"fused_one_sweep"`` is ``"fused"`` with the one-sweep kernel on CUDA (a softcapped row read once and
+            kept on chip, record #88's layout; the same computation as ``"fused"`` elsewhere).
         loss_chunk_tokens: tokens per chunk of the chunked cross-entropy (64 keeps a chunk's (64, 50304)
             fp32 logits in a CPU's cache).
         prefix_token_loss: prefix-token prediction (record #88, speedrun-spec.md 2.5): the model builds the

@@ -11,6 +11,10 @@ record #54 with c = 23: logits in (0, c), an asymmetric cap).
   :mod:`speedrun.kernels.softcapped_cross_entropy`; the same computation in PyTorch elsewhere), then the
   head's two gradient products in the backward pass; with ``fp8`` the gradient goes to e5m2 with a fixed
   scale from its known bound (records #60, #75, #79; the FP8 head of records #19, #51, #67). No fp32 logits.
+* ``"fused_one_sweep"``: ``"fused"`` with the one-sweep Triton kernel on CUDA (``one_sweep`` of
+  :func:`softcapped_cross_entropy`: with a softcap, each row of logits read once and kept on chip, one cap and
+  one exponential per logit, as record #88's kernel keeps the row in shared memory); the same computation as
+  ``"fused"`` elsewhere.
 * ``"chunked"``: processes ``chunk_tokens`` tokens at a time in buffers that stay in cache, and computes the
   gradients with respect to x and W in the same pass (the public speedrun's fused CE kernels compute the
   gradient in the forward pass too, records #60, #75, #79). dL/dz = softmax(z) - onehot(target), times
@@ -68,7 +72,7 @@ def softcap_logits(z: torch.Tensor, softcap: float | None, kind: SoftcapKind = "
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                          softcap: float | None = None, softcap_kind: SoftcapKind = "tanh",
-                         impl: Literal["full", "chunked", "fused"] = "chunked",
+                         impl: Literal["full", "chunked", "fused", "fused_one_sweep"] = "chunked",
                          chunk_tokens: int = 64, compute_dtype: torch.dtype | None = None,
                          fp8: bool = False, fp8_weight: FP8Weight | None = None,
                          mtp_weights: torch.Tensor | None = None, prefix_targets: torch.Tensor | None = None,
@@ -80,10 +84,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     ``softcap_kind`` (:func:`softcap_logits`); compute_dtype: dtype of the matrix products (default: x's dtype).
     fp8: the logits' product in FP8 with the head's fixed scales (:data:`speedrun.model.fp8.HEAD_SCALES`,
     records #19, #51, #67); the gradients' products in FP8 too with ``"full"``, in bf16 with ``"chunked"``
-    (which computes them inside its own pass), in FP8 with ``"fused"``. Differentiable in x and weight for
-    every ``impl``. fp8_weight: None (``weight`` is quantized in this call) or, with ``fp8``, the head's
-    weight already quantized with its fixed scale, ``(w8 (V, C) e4m3, w_scale () fp32, w8ᵀ (C, V) e4m3)``
-    (a fresh :class:`speedrun.model.fp8.FP8WeightCache` of ``weight`` with ``HEAD_SCALES``: once per
+    (which computes them inside its own pass), in FP8 with ``"fused"`` (and ``"fused_one_sweep"``, the same
+    with the one-sweep kernel on CUDA: ``one_sweep`` of :func:`softcapped_cross_entropy`). Differentiable in
+    x and weight for every ``impl``. fp8_weight: None (``weight`` is quantized in this call) or, with ``fp8``,
+    the head's weight already quantized with its fixed scale, ``(w8 (V, C) e4m3, w_scale () fp32, w8ᵀ (C, V)
+    e4m3)`` (a fresh :class:`speedrun.model.fp8.FP8WeightCache` of ``weight`` with ``HEAD_SCALES``: once per
     optimizer step, issue 6); same values as without it.
 
     The records' training loss (speedrun-spec.md 2.5): with any of the last three arguments the loss is
@@ -117,14 +122,16 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
             ce = -torch.log_softmax(logits, dim=1).gather(1, terms[0])                          # (T, J)
             return (ce * terms[1]).sum(1).mean()
         cap = None if softcap is None else (softcap, softcap_kind)
-        if impl == "fused":
+        if impl in ("fused", "fused_one_sweep"):
+            one_sweep = impl == "fused_one_sweep"
             if not torch.is_grad_enabled():
                 logits = _head_logits(x, weight, dtype, fp8, fp8_weight)[0]
-                return _softcapped_terms(logits, targets, cap, terms)[0].mean()
+                return _softcapped_terms(logits, targets, cap, terms, one_sweep=one_sweep)[0].mean()
             return _FusedLinearCrossEntropy.apply(x, weight, targets, cap, dtype, fp8, *(fp8_weight or _NO_WEIGHT),
-                                                  *(terms or (None, None)))
+                                                  *(terms or (None, None)), one_sweep)
         if impl != "chunked":
-            raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full', 'chunked' or 'fused'")
+            raise ValueError(f"unknown cross-entropy impl {impl!r}; expected 'full', 'chunked', 'fused' or "
+                             f"'fused_one_sweep'")
         if not torch.is_grad_enabled():      # evaluation: the loss alone (needs_input_grad ignores no_grad)
             return chunked_cross_entropy(x, weight, targets, cap, chunk_tokens, dtype, False, False, fp8,
                                          fp8_weight, terms)[0]
@@ -175,7 +182,8 @@ def _softcapped_terms(logits: torch.Tensor, targets: torch.Tensor, softcap: tupl
 def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
                              softcap: tuple[float, SoftcapKind] | None, with_grad: bool = False,
                              grad_mul: float = 1.0, e5m2: bool = False, *, weights: torch.Tensor | None = None,
-                             grad_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             grad_norm: torch.Tensor | None = None, one_sweep: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(losses, grad)`` of the cross-entropy of ``softcap(logits)``, per token, in one pass.
 
     logits: (T, V) float (bf16 in training); targets: (T,) int64 in 0..V-1; softcap: None or (c, kind).
@@ -189,13 +197,17 @@ def softcapped_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
     weights: None, or (T, J) float with ``targets`` (T, J) (:func:`loss_terms`): then ``losses[t] = Σ_j
     weights[t, j] · CE(y_t, targets[t, j])`` and its gradient (records #53, #88). grad_norm: None or a 0-d
     fp32 tensor n > 0: the gradient is divided by it too (the FP8 head passes the largest Σ_j |w_tj|, which
-    bounds the weighted gradient by that many times :func:`gradient_bound`)."""
+    bounds the weighted gradient by that many times :func:`gradient_bound`). one_sweep: on CUDA with a softcap,
+    the one-sweep kernel (``one_sweep`` of
+    :func:`speedrun.kernels.softcapped_cross_entropy.softcapped_cross_entropy_kernel`: each row read once and
+    kept on chip; an e5m2 gradient within one e5m2 step of the two-sweep kernel's); elsewhere ignored."""
     if logits.is_cuda:
         from speedrun.kernels.softcapped_cross_entropy import SOFTCAP_KINDS, softcapped_cross_entropy_kernel
 
         cap, kind = (0.0, None) if softcap is None else softcap
         losses, grad = softcapped_cross_entropy_kernel(logits, targets, float(cap), SOFTCAP_KINDS[kind],
-                                                       with_grad, float(grad_mul), e5m2, weights, grad_norm)
+                                                       with_grad, float(grad_mul), e5m2, weights, grad_norm,
+                                                       one_sweep)
         return losses, grad if with_grad else None
     z = logits.to(_accumulation_dtype(logits.dtype), copy=True)
     losses = torch.empty(z.size(0), dtype=z.dtype, device=z.device)
@@ -242,19 +254,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     """The head's logits, then loss and dL/dz in one pass (:func:`softcapped_cross_entropy`); the backward
     runs the two gradient products from the saved dL/dz, scaled by the incoming gradient there. ``w8``,
     ``w_scale``, ``w8_t``: the head's cached FP8 operands, or None (see :func:`linear_cross_entropy`);
-    ``terms``, ``term_weights``: the weighted targets (:func:`loss_terms`), or None for the plain loss. With
+    ``terms``, ``term_weights``: the weighted targets (:func:`loss_terms`), or None for the plain loss;
+    ``one_sweep``: the one-sweep kernel on CUDA (:func:`softcapped_cross_entropy`). With
     FP8 and weighted targets the e5m2 gradient is divided by the largest Σ_j |w_tj| too (its bound grows
     with the weights), and the backward multiplies it back."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, softcap, dtype, fp8, w8=None, w_scale=None, w8_t=None,  # noqa: D102
-                terms=None, term_weights=None):
+                terms=None, term_weights=None, one_sweep=False):
         fp8_weight = None if w8 is None else (w8, w_scale, w8_t)
         logits, operands = _head_logits(x, weight, dtype, fp8, fp8_weight)      # (T, V)
         grad_mul = _E5M2_TARGET / gradient_bound(softcap) if fp8 else 1.0
         norm = _weight_norm(term_weights) if fp8 and terms is not None else None
         losses, grad = _softcapped_terms(logits, targets, softcap, None if terms is None else (terms, term_weights),
-                                         with_grad=True, grad_mul=grad_mul, e5m2=fp8, grad_norm=norm)  # (T,), (T, V)
+                                         with_grad=True, grad_mul=grad_mul, e5m2=fp8, grad_norm=norm,
+                                         one_sweep=one_sweep)                                     # (T,), (T, V)
         del logits
         ctx.save_for_backward(grad, *operands, *(() if norm is None else (norm,)))
         ctx.fp8, ctx.dtypes, ctx.unscale = fp8, (x.dtype, weight.dtype), 1.0 / (x.size(0) * grad_mul)
@@ -282,7 +296,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             dw = (grad.t() @ xs).to(acc) * scale if need_w else None
         x_dtype, w_dtype = ctx.dtypes
         return (None if dx is None else dx.to(x_dtype), None if dw is None else dw.to(w_dtype),
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
 
 
 def _weight_norm(term_weights: torch.Tensor) -> torch.Tensor:
