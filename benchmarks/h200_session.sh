@@ -34,7 +34,8 @@ BENCH="python benchmarks/gpu_speedrun.py --data $DATA --out $OUT ${SET:-}"
 TESTS=${TESTS:-tests/test_attention.py tests/test_fp8.py tests/test_model_gpu.py tests/test_kernels_relu_square.py tests/test_relu_square_persistent.py
     tests/test_kernels_softcapped_ce.py tests/test_muon_banks.py tests/test_train.py tests/test_kernels_qk_norm_rotary.py
     tests/test_bf16_weights.py tests/test_model_device_build.py tests/test_kernels_adam.py tests/test_dc_attention.py
-    tests/test_multi_token_loss.py tests/test_model_paired.py tests/test_kernels_muon_update.py tests/test_fp8_mlp_fused.py}
+    tests/test_multi_token_loss.py tests/test_model_paired.py tests/test_kernels_muon_update.py tests/test_fp8_mlp_fused.py
+    tests/test_kernels_softcapped_ce_one_sweep.py}
 
 prepare_data() {   # the debian-docs train shard 5 times over (the race reads 47M tokens plus packing loss; it holds 14M)
     [ -f $DATA/bos/manifest.json ] && return
