@@ -107,12 +107,12 @@ def cautious_adam_many_(params: list[torch.Tensor], grads: list[torch.Tensor], e
     groups: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
     for i, p in enumerate(params):
         tensors = (p, grads[i], exp_avgs[i], exp_avg_sqs[i])
-        if not (all(t.shape == p.shape and t.is_contiguous() and t.device == params[0].device for t in tensors)
+        require(all(t.shape == p.shape and t.is_contiguous() and t.device == params[0].device for t in tensors)
                 and p.numel() <= MANY_MAX_NUMEL and p.dtype in _DTYPES and grads[i].dtype in _DTYPES
-                and exp_avgs[i].dtype == exp_avg_sqs[i].dtype == torch.float32):
-            require(False, f"cautious_adam_many_: parameter {i} must have at most {MANY_MAX_NUMEL} elements, bf16, "
-                           f"fp16 or fp32, with a float gradient and fp32 moments of its shape, contiguous on one "
-                           f"device, got {[(tuple(t.shape), t.dtype, t.is_contiguous(), str(t.device)) for t in tensors]}")
+                and exp_avgs[i].dtype == exp_avg_sqs[i].dtype == torch.float32,
+                lambda: f"cautious_adam_many_: parameter {i} must have at most {MANY_MAX_NUMEL} elements, bf16, "
+                        f"fp16 or fp32, with a float gradient and fp32 moments of its shape, contiguous on one "
+                        f"device, got {[(tuple(t.shape), t.dtype, t.is_contiguous(), str(t.device)) for t in tensors]}")
         groups.setdefault((p.dtype, grads[i].dtype), []).append(i)
     for (p_dtype, g_dtype), members in groups.items():
         device = params[members[0]].device

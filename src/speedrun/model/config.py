@@ -348,10 +348,7 @@ class GPTConfig:
         _check_mode("rope", self.rope, ROPE_MODES)
         _check_mode("softcap_kind", self.softcap_kind, SOFTCAP_KINDS)
         _check_mode("mlp_kernel", self.mlp_kernel, MLP_KERNELS)
-        if self.mlp_kernel == "triton_persistent" and not (self.fp8_mlp is True and self.fp8_mlp_down is False):
-            raise SpeedrunError("model.mlp_kernel 'triton_persistent' runs the FP8 up projection without the FP8 "
-                                "down product: it needs model.fp8_mlp true and model.fp8_mlp_down false, got "
-                                f"fp8_mlp {self.fp8_mlp!r}, fp8_mlp_down {self.fp8_mlp_down!r}")
+        check_mlp_kernel(self.mlp_kernel, self.fp8_mlp, self.fp8_mlp_down)
         _check_mode("rotary_kernel", self.rotary_kernel, ROTARY_KERNELS)
         _check_mode("skip_connections", self.skip_connections, SKIP_MODES)
         _check_mode("residual_form", self.residual_form, RESIDUAL_FORMS)
@@ -600,6 +597,16 @@ class GPTConfig:
     def mlp_hidden(self) -> int:
         """Hidden width of the MLP: mlp_ratio * model_dim."""
         return self.mlp_ratio * self.model_dim
+
+
+def check_mlp_kernel(kernel: str, fp8_mlp: Any, fp8_mlp_down: Any) -> None:
+    """Raise :class:`SpeedrunError` when ``kernel`` is ``"triton_persistent"`` without ``fp8_mlp`` true and
+    ``fp8_mlp_down`` false: its persistent kernels run the FP8 up projection alone (records #84-#88) and write
+    no e4m3 post for an FP8 down product. The config's check, and the MLP's for a kernel given to it directly."""
+    if kernel == "triton_persistent" and not (fp8_mlp is True and fp8_mlp_down is False):
+        raise SpeedrunError("model.mlp_kernel 'triton_persistent' needs model.fp8_mlp true and model.fp8_mlp_down "
+                            "false (it runs the FP8 up projection without the FP8 down product: its kernels write "
+                            f"no e4m3 post), got fp8_mlp {fp8_mlp!r}, fp8_mlp_down {fp8_mlp_down!r}")
 
 
 def _is_int(value: Any) -> bool:

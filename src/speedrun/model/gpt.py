@@ -298,7 +298,7 @@ class GPT(nn.Module):
         :class:`speedrun.model.fp8.FP8Linear` (O, the MLP's two) and the head's (``config.fp8_head``). Call
         after every optimizer step (after :meth:`sync_tied_embedding`) and before the first while
         :meth:`use_fp8_weight_cache` is on. Nothing without FP8 paths."""
-        pairs = [pair for module in self._fp8_owners() for pair in module.weight_cache_pairs()]
+        pairs = [pair for module in self._fp8_modules()[0] for pair in module.weight_cache_pairs()]
         if self.head_fp8 is not None:
             pairs.append((self.head_fp8, self.lm_head.weight))
         refresh_caches_(pairs)                          # the MLP's input weights in one batch (about ten launches)
@@ -309,17 +309,8 @@ class GPT(nn.Module):
         (while tied), then :meth:`quantize_fp8_weights` (while :meth:`use_fp8_weight_cache` is on). Every
         loop that steps the optimizers calls this (the train stage, the benchmarks)."""
         self.sync_tied_embedding()
-        if any(m.enabled for m in self._fp8_caches()):
+        if any(m.enabled for m in self._fp8_modules()[1]):
             self.quantize_fp8_weights()
-
-    def _fp8_owners(self) -> list[nn.Module]:
-        """The modules that own FP8 weight caches (:class:`FP8Linear`, :class:`CausalSelfAttention`): see
-        :meth:`_fp8_modules`."""
-        return self._fp8_modules()[0]
-
-    def _fp8_caches(self) -> list[FP8WeightCache]:
-        """Every FP8 weight cache of the model (the owners' and the head's): see :meth:`_fp8_modules`."""
-        return self._fp8_modules()[1]
 
     def _fp8_modules(self) -> tuple[list[nn.Module], list[FP8WeightCache]]:
         """(cache owners, caches), found on the first call (the modules are fixed at construction; the first
@@ -334,7 +325,7 @@ class GPT(nn.Module):
         """``nn.Module.load_state_dict``, then the FP8 weight caches refreshed from the loaded weights when
         any was filled (else a filled cache would keep multiplying the weights from before the load)."""
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
-        if any(m.w8.numel() for m in self.modules() if isinstance(m, FP8WeightCache)):
+        if any(m.w8.numel() for m in self._fp8_modules()[1]):
             self.quantize_fp8_weights()
         return result
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from speedrun.errors import SpeedrunError
 from speedrun.kernels import optional_kernel
-from speedrun.model.config import MLP_KERNELS, GPTConfig, MlpKernel
+from speedrun.model.config import MLP_KERNELS, GPTConfig, MlpKernel, check_mlp_kernel
 from speedrun.model.fp8 import FP8Linear, quantize
 from speedrun.model.fp8_mlp import DelayedFP8WeightCache, FP8Operands, fp8_mlp_reference, next_post_scale
 from speedrun.model.init import init_input_, init_output_
@@ -78,9 +78,7 @@ class MLP(nn.Module):
         self._fused = optional_kernel("relu_square_mlp", "relu_square_mlp") if fused else None
         self.fused_fp8 = config.fp8_mlp and fused
         self.persistent = kernel == "triton_persistent"
-        if self.persistent and not (config.fp8_mlp and not config.fp8_mlp_down):
-            raise SpeedrunError("model.mlp_kernel 'triton_persistent' needs model.fp8_mlp true and model.fp8_mlp_down "
-                                "false (the persistent kernels write no e4m3 post)")
+        check_mlp_kernel(kernel, config.fp8_mlp, config.fp8_mlp_down)
         self.down_fp8 = config.fp8_mlp_down
         self._fused_fp8 = optional_kernel("relu_square_mlp", "relu_square_mlp_fp8") if self.fused_fp8 else None
         if self.fused_fp8 and self.down_fp8:         # the FP8 down product's delayed scales (record #89)

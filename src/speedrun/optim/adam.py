@@ -102,10 +102,10 @@ class CautiousAdam(PerParameterOptimizer):
         parameters, on scratch tensors of 16 elements (Triton specializes on the dtypes and on sizes divisible by
         16, as the real ones are): the first update then compiles nothing inside the timed run. No parameter or
         state changes; nothing off CUDA or without Triton."""
-        dtypes = {p.dtype for group in self.param_groups if not group.get("coptim", 0.0)
-                  for p in group["params"] if p.is_cuda and p.dtype != torch.float64}
-        for dtype in dtypes:
-            device = next(p.device for g in self.param_groups for p in g["params"] if p.is_cuda)
+        fused = [p for group in self.param_groups if not group.get("coptim", 0.0)
+                 for p in group["params"] if p.is_cuda and p.dtype != torch.float64]
+        for dtype in {p.dtype for p in fused}:
+            device = fused[0].device
             p, m, v = torch.zeros(16, dtype=dtype, device=device), *torch.zeros(2, 16, device=device)
             settings = (0.9, 0.95, 1e-8, 0.0, 0.0)                    # a zero step: the scratch stays zero
             if _FUSED_UPDATE is not None:
