@@ -15,7 +15,7 @@ from torch._dynamo.testing import CompileCounter
 
 from speedrun.model.config import build_model_config
 from speedrun.model.fp8 import (E4M3_MAX, HEAD_SCALES, FP8Linear, FP8Scales, FP8WeightCache, fp8_linear, fp8_matmul,
-                                quantize, refresh_caches_)
+                                quantize, refresh_caches_, scaled_mm)
 from speedrun.model.fp8_mlp import DelayedFP8WeightCache
 from speedrun.model.gpt import GPT
 from speedrun.model.loss import linear_cross_entropy
@@ -52,6 +52,24 @@ def test_fp8_matmul_is_close_to_the_float64_product():
     assert got.dtype == torch.bfloat16 and got.shape == (64, 48)
     err = rel_error(got, x.double() @ w.double().T)
     assert 1e-3 < err < FP8_MATRIX_TOLERANCE      # FP8 is really used (bf16 alone would be ~4e-3 at most)
+
+
+@pytest.mark.parametrize("b_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_cpu_scaled_mm_is_torchs_emulated_scaled_mm_bit_for_bit(b_dtype, out_dtype):
+    """On a CPU ``scaled_mm`` computes the product itself, as torch's ``_scaled_mm`` does without oneDNN
+    (whose FP8 loop takes seconds on a CPU without AMX): bit for bit torch's result, at shapes whose sums a
+    blocked product would order differently (K 64 and 96, N 512)."""
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in ((64, 64, 512), (33, 96, 80)):
+        a8 = (3 * torch.randn(m, k, generator=g)).to(torch.float8_e4m3fn)
+        b8 = (2 * torch.randn(n, k, generator=g)).to(b_dtype)
+        a_scale, b_scale = torch.tensor(0.37), torch.tensor(1.9)
+        with torch.backends.mkldnn.flags(enabled=False):
+            torchs = torch._scaled_mm(a8, b8.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype)
+        ours = scaled_mm(a8, a_scale, b8, b_scale, out_dtype=out_dtype)
+        assert ours.dtype == out_dtype and torch.equal(ours, torchs)
+        assert not torch.equal(ours, scaled_mm(a8, a_scale * 2, b8, b_scale, out_dtype=out_dtype))
 
 
 def test_fp8_linear_gradients_are_the_bf16_products():

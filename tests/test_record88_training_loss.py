@@ -21,8 +21,10 @@ What is changed in the record's code to run it (each edit asserted to apply exac
   ``transpose_copy`` (a plain transposed copy) is ``dst.copy_(src.T)``;
 * the Function's backward returns 9 gradients for its 10 inputs, which eager autograd refuses (torch.compile,
   under which the record runs, accepts it): :func:`eager_function` appends the missing None, nothing else;
-* ``torch._scaled_mm`` is torch's own CPU implementation (e4m3 x e4m3 and e5m2 x e4m3, fp32 sums): the FP8
-  rounding of the operands is the record's, its fast accumulation is not emulated.
+* ``torch._scaled_mm`` is torch's own emulated CPU implementation (e4m3 x e4m3 and e5m2 x e4m3, fp32 sums; the
+  record's calls run with oneDNN off, whose FP8 product is a slow loop of other sums on a CPU without AMX, so
+  that both sides compute what ours computes on a CPU, :func:`speedrun.model.fp8.scaled_mm`): the FP8 rounding of
+  the operands is the record's, its fast accumulation is not emulated.
 
 The inputs are the FP8 head's at a small shape (T = 64 positions of a packed batch of four documents with BOS
 targets at their ends, C = 64, the record's V = 50304 that its kernel hard-codes), x and W bf16 values held in
@@ -389,9 +391,10 @@ def record_run(record, prefix_table: torch.Tensor, case: str) -> SimpleNamespace
     x = INPUTS.x.clone().requires_grad_()
     w = INPUTS.w.T.contiguous().requires_grad_()                   # CastedLinearT stores the head as (C, V)
     targets = INPUTS.targets
-    losses = eager_function(record.FusedSoftcappedCrossEntropy).apply(
-        x, targets, mtp, prefix_table[targets], prefix, w, x_s, w_s, grad_s, GRAD_SCALE)
-    (losses.sum() * GRAD_SCALE).backward()
+    with torch.backends.mkldnn.flags(enabled=False):          # torch's emulated _scaled_mm (module docstring)
+        losses = eager_function(record.FusedSoftcappedCrossEntropy).apply(
+            x, targets, mtp, prefix_table[targets], prefix, w, x_s, w_s, grad_s, GRAD_SCALE)
+        (losses.sum() * GRAD_SCALE).backward()
     call = record.calls[-1]
     return SimpleNamespace(losses=losses.detach(), logits=call.logits, grad8=call.grad_input, grad_s=grad_s,
                            dlogits=call.grad_input.float() * (grad_s / GRAD_SCALE), dx=x.grad, dw=w.grad.T)

@@ -100,13 +100,25 @@ def scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale
     On CUDA, K and N must be multiples of 16 (``RuntimeError`` otherwise). ``fast_accum``: Hopper's fast FP8
     accumulation, whose partial sums are not promoted to fp32 as often; the records take it for the forward
     products only and run every backward product without it, the weight gradient out in fp32 (record #88's
-    ``mm_t_backward`` and the cross-entropy kernel's backward: ``use_fast_accum=False``). On a CPU torch runs
-    its reference implementation either way. e5m2 x e5m2 is not supported by the hardware; one operand at least
-    must be e4m3.
+    ``mm_t_backward`` and the cross-entropy kernel's backward: ``use_fast_accum=False``). A CPU
+    computes torch's emulated product instead (:func:`_cpu_scaled_mm`). e5m2 x e5m2 is not supported by the
+    hardware; one operand at least must be e4m3.
     """
+    if not a8.is_cuda and a_scale.dim() == 0 and b_scale.dim() == 0:
+        return _cpu_scaled_mm(a8, a_scale, b8, b_scale, out_dtype)
     extra = {"use_fast_accum": fast_accum} if a8.is_cuda else {}
     # _scaled_mm wants its second operand column-major: b8 (N, K) row-major, transposed, is exactly that.
     return torch._scaled_mm(a8, b8.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=out_dtype, **extra)
+
+
+def _cpu_scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_scale: torch.Tensor,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`scaled_mm` on a CPU with per-tensor scales (() fp32): the operands dequantized to fp32, one fp32
+    product, cast to ``out_dtype``, the operations of torch's own emulated CPU ``_scaled_mm`` (which it takes
+    without oneDNN), so bit for bit that. With oneDNN torch takes oneDNN's FP8 product, a reference loop on a
+    CPU without AMX: 29 s for (256, 64) x (64, 50304) on the project's CPU machine (AVX2, no AVX-512;
+    2026-12-07) against 0.1 s here (tests/test_fp8.py checks the equality)."""
+    return torch.mm(a8.float() * a_scale, (b8.float() * b_scale).t()).to(out_dtype)
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scales: FP8Scales = DYNAMIC_SCALES) -> torch.Tensor:
