@@ -58,8 +58,8 @@ def test_fp8_matmul_is_close_to_the_float64_product():
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_cpu_scaled_mm_is_torchs_emulated_scaled_mm_bit_for_bit(b_dtype, out_dtype):
     """On a CPU ``scaled_mm`` computes the product itself, as torch's ``_scaled_mm`` does without oneDNN
-    (whose FP8 loop takes seconds on a CPU without AMX): bit for bit torch's result, at shapes whose sums a
-    blocked product would order differently (K 64 and 96, N 512)."""
+    (whose FP8 loop takes seconds on a CPU without FP8 instructions): bit for bit torch's result, at shapes
+    whose sums a blocked product would order differently (K 64 and 96, N 512)."""
     g = torch.Generator().manual_seed(0)
     for m, k, n in ((64, 64, 512), (33, 96, 80)):
         a8 = (3 * torch.randn(m, k, generator=g)).to(torch.float8_e4m3fn)

@@ -22,9 +22,9 @@ What is changed in the record's code to run it (each edit asserted to apply exac
 * the Function's backward returns 9 gradients for its 10 inputs, which eager autograd refuses (torch.compile,
   under which the record runs, accepts it): :func:`eager_function` appends the missing None, nothing else;
 * ``torch._scaled_mm`` is torch's own emulated CPU implementation (e4m3 x e4m3 and e5m2 x e4m3, fp32 sums; the
-  record's calls run with oneDNN off, whose FP8 product is a slow loop of other sums on a CPU without AMX, so
-  that both sides compute what ours computes on a CPU, :func:`speedrun.model.fp8.scaled_mm`): the FP8 rounding of
-  the operands is the record's, its fast accumulation is not emulated.
+  record's calls run with oneDNN off, whose FP8 product is a slow loop of other sums on a CPU without FP8
+  instructions, so that both sides compute what ours computes on a CPU, :func:`speedrun.model.fp8.scaled_mm`): the
+  FP8 rounding of the operands is the record's, its fast accumulation is not emulated.
 
 The inputs are the FP8 head's at a small shape (T = 64 positions of a packed batch of four documents with BOS
 targets at their ends, C = 64, the record's V = 50304 that its kernel hard-codes), x and W bf16 values held in

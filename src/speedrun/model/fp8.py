@@ -115,9 +115,10 @@ def _cpu_scaled_mm(a8: torch.Tensor, a_scale: torch.Tensor, b8: torch.Tensor, b_
                    out_dtype: torch.dtype) -> torch.Tensor:
     """:func:`scaled_mm` on a CPU with per-tensor scales (() fp32): the operands dequantized to fp32, one fp32
     product, cast to ``out_dtype``, the operations of torch's own emulated CPU ``_scaled_mm`` (which it takes
-    without oneDNN), so bit for bit that. With oneDNN torch takes oneDNN's FP8 product, a reference loop on a
-    CPU without AMX: 29 s for (256, 64) x (64, 50304) on the project's CPU machine (AVX2, no AVX-512;
-    2026-12-07) against 0.1 s here (tests/test_fp8.py checks the equality)."""
+    without oneDNN), so bit for bit that. With oneDNN torch takes oneDNN's FP8 product, a slow loop on a CPU
+    without FP8 instructions, AVX-512 and AMX (bf16, int8) notwithstanding: 55 s for (256, 64) x (64, 50304)
+    on the project's CPU machine against 0.09 s here (docs/benchmarks.md, 2026-12-07; tests/test_fp8.py
+    checks the equality)."""
     return torch.mm(a8.float() * a_scale, (b8.float() * b_scale).t()).to(out_dtype)
 
 
