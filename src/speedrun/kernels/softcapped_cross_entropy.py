@@ -468,9 +468,7 @@ def _one_sweep(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tenso
     (torch 2.11), which keeps 8 warps at 128 registers, two programs per SM. The kept values are bf16 with
     an e5m2 gradient, fp32 otherwise."""
     rows, vocab = logits.shape
-    grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
-    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
+    losses, grad = _outputs(logits, with_grad, e5m2_grad)
     keep_bf16 = with_grad and e5m2_grad
     _one_sweep_kernels[keep_bf16][(rows,)](
         logits, targets, losses if weights is None else weights, losses if norm is None else norm, losses, grad,
@@ -482,6 +480,12 @@ def _one_sweep(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tenso
 
 @_one_sweep.register_fake
 def _(logits, targets, weights, norm, cap, kind, with_grad, grad_mul, e5m2_grad):
+    return _outputs(logits, with_grad, e5m2_grad)
+
+
+def _outputs(logits: torch.Tensor, with_grad: bool, e5m2_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty ``(losses (T,) fp32, grad)`` for logits (T, V): grad (T, V) in e5m2 or the logits' dtype, or (0,)
+    without ``with_grad`` (the kernels' outputs, as :func:`softcapped_cross_entropy_kernel` gives them)."""
     grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
     return (logits.new_empty(logits.size(0), dtype=torch.float32),
             logits.new_empty(tuple(logits.shape) if with_grad else (0,), dtype=grad_dtype))
@@ -533,9 +537,7 @@ def softcapped_cross_entropy_kernel(logits: torch.Tensor, targets: torch.Tensor,
     norm = None if grad_norm is None else grad_norm.reshape(1).to(torch.float32)
     if one_sweep and rows > 0:
         return _one_sweep(logits, targets, weights, norm, float(cap), kind, with_grad, float(grad_mul), e5m2_grad)
-    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    grad_dtype = torch.float8_e5m2 if e5m2_grad else logits.dtype
-    grad = torch.empty((rows, vocab) if with_grad else (0,), dtype=grad_dtype, device=logits.device)
+    losses, grad = _outputs(logits, with_grad, e5m2_grad)
     if rows == 0:
         return losses, grad
     terms = 1 if weights is None else weights.size(1)

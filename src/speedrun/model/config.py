@@ -693,9 +693,9 @@ PRESETS: dict[str, GPTConfig] = {
     # 768; until 2026-12-03 this preset had HEAD's table). Its windows see one key more than their blocks (L1124:
     # FA3's window_size=(bm_size, 0), bm_size = blocks·128 positions back, on the paired layers' doubled
     # sequence too) and its paired layers pair heads p and p + 3 (L1101-1112): window_extra_keys 1 and
-    # paired_head_layout "split" (both since 2026-12-06). Its cross-entropy: the one-sweep kernel (a softcapped row
-# read once and kept on chip, as the record's own CUDA kernel keeps it in shared memory): 0.85-0.95 ms against the
-# two-sweep kernel's 1.35 ms a call at its shape on an H100 (docs/benchmarks.md, 2026-12-07, session 39).
+    # paired_head_layout "split" (both since 2026-12-06). Its cross-entropy: the one-sweep kernel (a softcapped
+    # row read once and kept on chip, as the record's own CUDA kernel keeps it in shared memory): 0.85-0.95 ms
+    # against the two-sweep kernel's 1.35 ms a call at its shape on an H100 (docs/benchmarks.md, 2026-12-07).
     "record88": GPTConfig(n_layer=11, model_dim=768, n_head=6, head_dim=128, mlp_ratio=4,
                           rope="half_truncated", attention_scale=0.1, yarn=True,
                           window_pattern="SSSLSSSSSSL", window_short_blocks=1, window_long_blocks=3,

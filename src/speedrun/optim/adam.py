@@ -104,8 +104,8 @@ class CautiousAdam(PerParameterOptimizer):
         state changes; nothing off CUDA or without Triton."""
         fused = [p for group in self.param_groups if not group.get("coptim", 0.0)
                  for p in group["params"] if p.is_cuda and p.dtype != torch.float64]
+        device = fused[0].device if fused else None
         for dtype in {p.dtype for p in fused}:
-            device = fused[0].device
             p, m, v = torch.zeros(16, dtype=dtype, device=device), *torch.zeros(2, 16, device=device)
             settings = (0.9, 0.95, 1e-8, 0.0, 0.0)                    # a zero step: the scratch stays zero
             if _FUSED_UPDATE is not None:
