@@ -38,6 +38,8 @@
 # PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile),
 # PARITY_REFERENCE_PROFILE (FIRST,COUNT: phase B's run of the record profiled as by reference-profile, into
 # $ROOT/profiles/RECORD.*; its step times stay usable: medians, and only COUNT steps are traced),
+# PARITY_PHASE_B (ours: phase B runs ours alone and not the records again, for a short lease: a record's phase-A
+# run trains after ours has ended, alone on the GPU as in session 37, so its step times count; default both),
 # PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
 # PARITY_TOOLS (the reference tools, default .carry/ref/tools), COPIES (copies of the train shard, default 12).
 # A warm lease waits 30 s after a call: have the next `wait` call ready before the last one returns. The `wait`
@@ -150,7 +152,7 @@ ours_configs() {   # our parity configs against a record: record87 -> parity-rec
 
 session_run() {   # session_run RECORD...: the background job of `session` (see the header), from the copy of this
     # script under $ROOT
-    local record config configs=()
+    local record config configs=() records=("$@")
     for record in "$@"; do read -ra more <<< "$(ours_configs "$record")"; configs+=("${more[@]}"); done
     echo "phase A $(date +%T): $* against ${configs[*]}"
     for record in "$@"; do reference_run "$record" 1 & done
@@ -159,13 +161,14 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
     # shellcheck disable=SC2086
     for config in "${configs[@]}"; do ours_run "$config" 2 ${PARITY_PROFILE---profile}; done   # where our time goes
+    [ "${PARITY_PHASE_B:-both}" = ours ] && set --   # the records' phase-A runs alone: no second run of theirs
     for record in "$@"; do    # PARITY_REFERENCE_PROFILE: this run profiled too (its script was patched at start)
         RECORD_PROFILE_STEPS=${PARITY_REFERENCE_PROFILE:-} RECORD_PROFILE_OUT=$ROOT/profiles/$record \
             reference_run "$record" 2
     done
     echo "summaries $(date +%T)"
     cd $ROOT/code
-    for record in "$@"; do
+    for record in "${records[@]}"; do
         for config in $(ours_configs "$record"); do
             local name=summary-$record
             [ "$config" = parity-record89 ] && name=summary-race89
