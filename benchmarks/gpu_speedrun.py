@@ -107,12 +107,12 @@ def step_times_ms(log: Path) -> list[float]:
     return [b - a for a, b in zip(times[:-1], times[1:])]
 
 
-def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float) -> dict:
+def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float, stop_step: int | None = None) -> dict:
     record = read_record(log)
     metrics = parse_log(log).metrics
     val = metrics[metrics["kind"] == "val"]
     steps = step_times_ms(log)
-    tokens = config.batch_at(config.steps - 1)[0]
+    tokens = config.batch_at((config.steps if stop_step is None else stop_step) - 1)[0]   # the last step's batch
     model = config.model_config()
     window = model.window_long_blocks * model.window_block_size if model.window_pattern else config.max_seq_len
     flops = flops_per_token(model, min(window, config.max_seq_len) / 2)
@@ -122,7 +122,7 @@ def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float) -> 
         tokens_per_s = tokens / step_ms * 1000.0
         speed = {"step_ms": round(step_ms, 1), "tokens_per_s": round(tokens_per_s),
                  "mfu": round(flops * tokens_per_s / (peak_tflops * 1e12), 3)}
-    return {"status": record.status, "compile_s": record.compile_s, "steps": config.steps,
+    return {"status": record.status, "compile_s": record.compile_s, "steps": config.steps, "stop_step": stop_step,
             "tokens_per_step": tokens, **speed, "gflop_per_token": round(flops / 1e9, 3),
             "peak_mib": record.peak_memory_mib, "train_time_s": (record.train_time_ms or float("nan")) / 1000,
             "val": [(int(r.step), round(r.train_time_ms / 1000, 1), round(r.val_loss, 4))
@@ -258,6 +258,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="the run's seed: its initialization (the token stream is the same for every seed)")
     parser.add_argument("--skip", type=int, default=3, help="train steps left out of the median step time")
+    parser.add_argument("--stop-step", type=int, default=None, metavar="N",
+                        help="end the run at step N (validated), the schedule that of the config's steps: the first "
+                             "stages timed without compiling the later stages' graphs (a short lease's measurement; "
+                             "the log reads as truncated)")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
     parser.add_argument("--check-data", action="store_true",
@@ -276,8 +280,8 @@ def main() -> None:
     log = args.out / f"{args.name}.txt"
     started = time.time()
     run_training(config, variant=args.name, seed=args.seed, shards_dir=args.data / "shards", bos_dir=args.data / "bos",
-                 log_path=log, env={})
-    figures = summarize(config, log, args.skip, args.peak_tflops)
+                 log_path=log, env={}, stop_step=args.stop_step)
+    figures = summarize(config, log, args.skip, args.peak_tflops, args.stop_step)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     figures.update(name=args.name, seed=args.seed, wall_s=round(time.time() - started, 1), gpu=gpu, torch=torch.__version__,
                    graphs=compiled_graphs(), caches=compile_cache_counters(), host=socket.gethostname(), config=str(args.config),

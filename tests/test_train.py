@@ -457,6 +457,47 @@ def test_warm_up_plan_meets_every_validation_state_once_in_run_order():
     assert [step for step, kind in warm_up_plan(back) if kind == "train"] == [0, 4, 8]
 
 
+def test_a_run_stopped_early_warms_up_and_validates_only_up_to_its_stop_step():
+    """``stop_step`` (benchmarks/gpu_speedrun.py --stop-step): the schedule of all the steps, the plan cut at the
+    stop, which is validated as the last step."""
+    from speedrun.training.loop import validation_steps, warm_up_plan, warm_up_steps
+
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 3, "batch_schedule": [[256, 64], [512, 128]],
+                                 "model": {**SMALL, "window_pattern": "SL"}, "window_schedule": [[1, 1], [1, 2], [2, 3]],
+                                 "final_window_long_blocks": 4})
+    assert warm_up_steps(cfg) == [0, 4, 6, 8]
+    assert warm_up_steps(cfg, stop_step=5) == [0, 4]
+    assert validation_steps(cfg, stop_step=5) == [0, 3, 5]
+    assert validation_steps(cfg, stop_step=6) == [0, 3, 6]
+    # windows (1, 1) until 4, (1, 2) at the stop's validation: no graph of the second batch stage (6), of the
+    # (2, 3) windows (8) nor of the final extension to 4 blocks
+    assert warm_up_plan(cfg, stop_step=5) == [(0, "val"), (0, "train"), (4, "train"), (5, "val")]
+    assert warm_up_plan(cfg, stop_step=3) == [(0, "val"), (0, "train")]
+    assert warm_up_plan(cfg, stop_step=12) == warm_up_plan(cfg)
+
+
+def test_a_run_stopped_early_logs_its_stop_and_reads_as_truncated(synthetic, tmp_path):
+    shards, bos = synthetic
+    cfg = TrainConfig.from_dict({**QUICK, "steps": 12, "val_every": 5})
+    log = tmp_path / "stopped.txt"
+    result = run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=log, env={},
+                          stop_step=7)
+    header, body, steps = read_log(log)
+    fields = dict(line.split(": ", 1) for line in header if not line.startswith("Running "))
+    assert fields["stop_step"] == "7" and list(fields).index("stop_step") == list(fields).index("compile_s") - 1
+    assert [(int(s), int(n), k) for s, n, k, *_ in steps if k == "val"] == [(0, 12, "val"), (5, 12, "val"),
+                                                                           (7, 12, "val")]
+    assert [int(s) for s, _, k, *_ in steps if k == "train"] == list(range(1, 8))
+    assert result.status == "complete" and [s for s, k, _ in result.losses if k == "val"] == [0, 5, 7]
+    record = read_record(log)
+    assert record.status == "truncated" and record.val_loss is None
+    for bad in (0, 13):
+        with pytest.raises(SpeedrunError, match=f"stop_step {bad}: expected a step from 1 to the run's 12 steps"):
+            run_training(cfg, variant="v", seed=0, shards_dir=shards, bos_dir=bos, log_path=tmp_path / "bad.txt",
+                         env={}, stop_step=bad)
+    assert not (tmp_path / "bad.txt").exists()
+
+
 def test_warm_up_line_names_each_graph_with_its_shape_and_windows():
     """The warm-up's progress on stderr (a record preset's cold compile is minutes per graph): the plan's index,
     the graph's step, its batch shape (training) and its windows, and the seconds."""

@@ -297,21 +297,26 @@ def _on_device(values: float | Sequence[float], device: torch.device) -> torch.T
     return host.to(device, non_blocking=True)
 
 
-def validation_steps(config: TrainConfig) -> list[int]:
-    """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``)."""
-    every = set(range(0, config.steps, config.evaluation.val_every)) if config.evaluation.val_every else set()
-    return sorted({0, config.steps} | every)
+def validation_steps(config: TrainConfig, stop_step: int | None = None) -> list[int]:
+    """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``, or
+    ``stop_step`` for a run stopped there: :func:`run_training`)."""
+    last = config.steps if stop_step is None else stop_step
+    every = set(range(0, last, config.evaluation.val_every)) if config.evaluation.val_every else set()
+    return sorted({0, last} | every)
 
 
-def warm_up_plan(config: TrainConfig) -> list[tuple[int, LossKind]]:
+def warm_up_plan(config: TrainConfig, stop_step: int | None = None) -> list[tuple[int, LossKind]]:
     """``(step, "val" | "train")`` in the order the run meets them, covering every graph the run compiles:
     the first validation step of each window state, and the training steps of :func:`warm_up_steps`. The
     tie state changes no graph (:class:`speedrun.model.gpt.GPT` reads the embedding's copy either way).
     With the ``flex`` backend the model takes the windows (and YaRN's scale) as graph inputs, so only the
     first step of each (train or val, training batch shape) is kept. Replayed in this order, the windows
-    grow (and YaRN rescales) as in the run, so each graph is compiled with the values it will see."""
+    grow (and YaRN rescales) as in the run, so each graph is compiled with the values it will see. A run
+    stopped at ``stop_step`` (:func:`run_training`) meets only the steps up to it, so the later stages'
+    graphs are left out."""
     windows_are_inputs = config.model_config().schedule_as_graph_inputs
-    steps = [(step, "val") for step in validation_steps(config)] + [(step, "train") for step in warm_up_steps(config)]
+    steps = [(step, "val") for step in validation_steps(config, stop_step)]
+    steps += [(step, "train") for step in warm_up_steps(config, stop_step)]
     seen, plan = set(), []
     for step, kind in sorted(steps, key=lambda p: (p[0], p[1] == "train")):    # a step's validation first
         if windows_are_inputs:
@@ -345,22 +350,24 @@ def _mtp_count(config: TrainConfig, step: int) -> int:
     return 1 if weights is None else len(weights[0])
 
 
-def warm_up_steps(config: TrainConfig) -> list[int]:
+def warm_up_steps(config: TrainConfig, stop_step: int | None = None) -> list[int]:
     """The training steps where a graph may change: 0, each batch-size and window stage start (records since
     #21 warm up on the steps where a shape or a schedule changes; a staged schedule's stage starts, where the
     number of MTP weights changes too, are its batch stages). :func:`warm_up_plan` replays them, all
-    or (windows as graph inputs) one per graph."""
+    or (windows as graph inputs) one per graph; only those before ``stop_step`` for a run stopped there."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
     steps |= set(config.window_stage_starts())
-    return sorted(s for s in steps if s < config.steps)
+    last = config.steps if stop_step is None else stop_step
+    return sorted(s for s in steps if s < last)
 
 
 class _Run:
     """The state of one run on this rank: model, optimizers, data, clock and log."""
 
     def __init__(self, config: TrainConfig, seed: int, data: TrainingData, device: torch.device,
-                 launch: Launch, log: RunLog, phases: RunPhases):
+                 launch: Launch, log: RunLog, phases: RunPhases, stop_step: int | None = None):
         self.config, self.device, self.launch, self.log, self.phases = config, device, launch, log, phases
+        self.last_step = config.steps if stop_step is None else stop_step     # validated, then the loop ends
         with phases.timed("model"):
             torch.manual_seed(seed)
             with torch.device(device):                       # initialized where it trains: on a GPU, not ~10 s
@@ -515,7 +522,7 @@ class _Run:
             return 0.0
         model, cfg = self.model, self.config
         saved = model.schedule_state()
-        plan = warm_up_plan(cfg)
+        plan = warm_up_plan(cfg, None if self.last_step == cfg.steps else self.last_step)
         for i, (step, kind) in enumerate(plan, 1):
             begin = _now()
             self.set_windows(step)
@@ -554,14 +561,14 @@ class _Run:
         return self.result
 
     def _loop(self) -> None:
-        cfg = self.config
+        cfg, last = self.config, self.last_step
         self.clock.start()
-        for step in range(cfg.steps + 1):
-            if step == cfg.steps or step == 0 or (cfg.evaluation.val_every and step % cfg.evaluation.val_every == 0):
+        for step in range(last + 1):
+            if step == last or step == 0 or (cfg.evaluation.val_every and step % cfg.evaluation.val_every == 0):
                 why = self.validate(step)
                 if why:
                     return self._diverged(why)
-            if step == cfg.steps:
+            if step == last:
                 break
             why = self.train(step)
             if why:
@@ -574,14 +581,19 @@ class _Run:
 def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: str | os.PathLike[str],
                  bos_dir: str | os.PathLike[str], log_path: str | os.PathLike[str],
                  env: Mapping[str, str] | None = None, gpus: GpuRequirement = GpuRequirement(),
-                 phases: RunPhases | None = None) -> RunResult:
+                 phases: RunPhases | None = None, stop_step: int | None = None) -> RunResult:
     """Train one run and write its log to ``log_path`` (rank 0). Returns its :class:`RunResult` (status
     ``complete`` or ``diverged``, and the losses).
 
     ``env``: the launch variables (default ``os.environ``). ``gpus``: what a GPU run's GPUs must be; this
     node must show one per local process (:func:`speedrun.training.preflight.preflight`). ``phases``: where
     the run's phases are counted (default: a :class:`~speedrun.support.phases.RunPhases` from the process's
-    start, built now); the log's ``phases:`` line, after ``peak memory ...``, records them. Raises
+    start, built now); the log's ``phases:`` line, after ``peak memory ...``, records them. ``stop_step``
+    (1 to ``config.steps``; default None: all steps): a partial run for timing the first stages
+    (benchmarks/gpu_speedrun.py ``--stop-step``): the schedule is the config's, the run validates at
+    ``stop_step`` and ends there, the warm-up compiles only the graphs of the steps before it, and the
+    header's ``stop_step`` line says so. Its log ends at ``step:<stop_step>/<steps>``, which the log parser
+    reads as a truncated run, never as a result. Raises
     :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
     the config; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
     and re-raised, the log renamed to ``log_path`` all the same.
@@ -591,6 +603,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     <why>``, and the log's rename. A failed run's log is finished before the process group is destroyed (a
     destroy that hangs after a failure on another rank must not keep the log from its name).
     """
+    if stop_step is not None and not 1 <= stop_step <= config.steps:
+        raise SpeedrunError(f"stop_step {stop_step}: expected a step from 1 to the run's {config.steps} steps")
     phases = RunPhases() if phases is None else phases
     env = os.environ if env is None else env
     with phases.timed("device"):
@@ -605,6 +619,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
         data = load_training_data(shards_dir, bos_dir)
         check_data_feeds(config, data)
     header = _header(config, variant, seed, launch, device, data)
+    if stop_step is not None:
+        header["stop_step"] = stop_step
     group = contextlib.ExitStack()
     with phases.timed("process_group"):
         group.enter_context(process_group(launch, device))
@@ -612,7 +628,7 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
         log = RunLog(log_path if launch.rank == 0 else None)
         written, run = False, None
         try:
-            run = _Run(config, seed, data, device, launch, log, phases)
+            run = _Run(config, seed, data, device, launch, log, phases, stop_step)
             header["compile_s"] = f"{run.warm_up():.1f}"
             _write_header(log, header)
             written = True
