@@ -10,7 +10,8 @@
 #   bash benchmarks/parity.sh reference RECORD [RUNS]   # the record's own train_gpt.py, RUNS times (default 2; RUNS
 #                                                       # N: runs 1..N, A-B: runs A..B)
 #   bash benchmarks/parity.sh ours CONFIG [RUNS [ARGS...]]   # our preset through benchmarks/gpu_speedrun.py, config
-#                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile);
+#                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile,
+#                                                       # --stop-step 35: stage 1 alone, its graphs alone compiled);
 #                                                       # run i with seed i-1 (RUNS as for reference)
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step
@@ -38,6 +39,8 @@
 # PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile),
 # PARITY_REFERENCE_PROFILE (FIRST,COUNT: phase B's run of the record profiled as by reference-profile, into
 # $ROOT/profiles/RECORD.*; its step times stay usable: medians, and only COUNT steps are traced),
+# PARITY_AFTER (a file, e.g. $ROOT/ours-parity-record88.done: the `reference` or `ours` part started waits for it
+# before its first run, so that two parts run one after the other from one device call, each alone on the GPU),
 # PARITY_PHASE_B (ours: phase B runs ours alone and not the records again, for a short lease: a record's phase-A
 # run trains after ours has ended, alone on the GPU as in session 37, so its step times count; default both),
 # PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
@@ -56,6 +59,11 @@ SCHED="NUM_SCHEDULED_ITERATIONS=105 NUM_EXTENSION_ITERATIONS=15 VAL_LOSS_EVERY=2
 
 run_numbers() {   # RUNS as the parts take it: N (runs 1..N) or A-B (runs A..B, e.g. more seeds of ours later)
     case $1 in *-*) seq "${1%-*}" "${1#*-}" ;; *) seq 1 "$1" ;; esac
+}
+
+after_wait() {   # the start of a part's background loop: wait for the file PARITY_AFTER names (nothing without it)
+    [ -n "${PARITY_AFTER:-}" ] && echo "while [ ! -e $PARITY_AFTER ]; do sleep 5; done;"
+    return 0
 }
 
 need() { for f in "$@"; do [ -e "$f" ] || { echo "parity.sh: missing $f (see the header)" >&2; exit 3; }; done; }
@@ -183,7 +191,7 @@ reference)
     record=${2:?record folder: record87, record88 or head}; runs=${3:-2}
     prepare_reference "$record"
     cp "$0" $ROOT/parity.sh
-    setsid nohup bash -c "for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh reference-run $record \$i; done
+    setsid nohup bash -c "$(after_wait) for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh reference-run $record \$i; done
         touch $ROOT/$record.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of $record under $ROOT/$record" ;;
 prepare-data) prepare_ours ;;
@@ -219,7 +227,7 @@ ours)
     need benchmarks/configs/$config.yaml
     prepare_ours; copy_code
     cp "$0" $ROOT/parity.sh
-    setsid nohup bash -c "for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh ours-run $config \$i $args; done
+    setsid nohup bash -c "$(after_wait) for i in $(run_numbers "$runs" | xargs); do bash $ROOT/parity.sh ours-run $config \$i $args; done
         touch $ROOT/ours-$config.done" > /dev/null 2>&1 < /dev/null &
     echo "started $runs run(s) of our $config under $ROOT" ;;
 wait)   # never fails: what has been written so far is copied to $OUT first, at every poll
@@ -231,7 +239,8 @@ wait)   # never fails: what has been written so far is copied to $OUT first, at 
             ours-*/ profiles/ 2>/dev/null; mv "$OUT/parity-logs.tar.gz.tmp" "$OUT/parity-logs.tar.gz"
          cp profiles/*.trace.json.gz ours-*/*.trace.json.gz "$OUT"/ 2>/dev/null)   # both sides' traces (for
         # benchmarks/trace_breakdown.py; a call brings back at most 8 files: the logs' tar and a few traces)
-        [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py')" ] && ! session_alive && break
+        [ -z "$(pgrep -f 'torch.distributed.run|gpu_speedrun.py|parity.sh (reference|ours)-run')" ] && ! session_alive \
+            && break    # (the last: a part still waiting for PARITY_AFTER)
         [ "$(date +%s)" -ge $deadline ] && break
         sleep 15
     done
