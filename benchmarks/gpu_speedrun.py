@@ -165,7 +165,7 @@ def kernel_summary(trace: Path, wall_ms: float, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
+def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | None = None) -> None:
     """After warm-up and one untimed step: the wall time of the parts of a step (forward and backward of all
     micro-batches, the optimizer step; CUDA-synchronized, median of 3), then a torch.profiler trace of two
     steps: the operator table (``<out>.txt``), the kernel summary by kind with the GPU's busy share
@@ -181,7 +181,7 @@ def profile_steps(config: TrainConfig, data: Path, out: Path) -> None:
     device = resolve_device(config.compute.device, 0)
     phases = RunPhases(sync=torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None),
-               phases)
+               phases, stop_step)                     # with --stop-step, the graphs of the steps before it alone
     run.warm_up()
     run.train(0)
     cuda = device.type == "cuda"
@@ -290,7 +290,7 @@ def main() -> None:
     with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:    # before the profile: a failed profile
         f.write(json.dumps(figures) + "\n")                               # keeps the run's figures
     if args.profile:
-        profile_steps(config, args.data, args.out / f"{args.name}.profile")
+        profile_steps(config, args.data, args.out / f"{args.name}.profile", args.stop_step)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@
 #                                                       # N: runs 1..N, A-B: runs A..B)
 #   bash benchmarks/parity.sh ours CONFIG [RUNS [ARGS...]]   # our preset through benchmarks/gpu_speedrun.py, config
 #                                                       # benchmarks/configs/CONFIG.yaml, ARGS passed on (--profile,
-#                                                       # --stop-step 35: stage 1 alone, its graphs alone compiled);
+#                                                       # --stop-step 34: stage 1 alone, its two graphs alone compiled);
 #                                                       # run i with seed i-1 (RUNS as for reference)
 #   bash benchmarks/parity.sh wait SECONDS               # poll until every started run ended or SECONDS passed
 #   bash benchmarks/parity.sh summary RECORD CONFIG [BOUNDARIES]   # val_loss at every evaluation and median step

@@ -44,3 +44,27 @@ def test_profile_steps_writes_the_parts_table_the_operator_table_and_the_trace(t
     with gzip.open(f"{out}.trace.json.gz", "rt") as f:
         assert json.load(f)["traceEvents"]
     assert not Path(f"{out}.trace.json").exists()
+
+
+def test_stop_step_times_the_first_stage_alone_and_profiles_it(tmp_path, monkeypatch, capsys):
+    """``--stop-step`` (a short lease's stage-1 timing): the run ends at the stop, the figures give its tokens
+    per step (the stage's, not the last stage's) and the log's truncated status, and the profile runs too."""
+    bench = _load_benchmark()
+    write_dataset(tmp_path / "data", counting_documents(600), shard_tokens=16384)
+    config = tmp_path / "staged.yaml"
+    config.write_text(json.dumps({"train": {
+        "preset": "tiny", "model": {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16}, "steps": 8,
+        "batch_schedule": [[256, 64], [512, 128]], "micro_batches": 2, "val_tokens": 512,
+        "val_batch_tokens": 256, "val_every": 0, "compile": False}}))
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["gpu_speedrun.py", "--config", str(config), "--data", str(tmp_path / "data"),
+                                     "--out", str(out), "--name", "s1", "--stop-step", "4", "--skip", "1",
+                                     "--profile"])
+    bench.main()
+    figures = json.loads((out / "figures.jsonl").read_text().splitlines()[-1])
+    assert (figures["status"], figures["steps"], figures["stop_step"], figures["tokens_per_step"]) == \
+        ("truncated", 8, 4, 256)
+    assert [step for step, _, _ in figures["val"]] == [0, 4]
+    assert figures["step_ms"] is not None                      # steps 2-4 past --skip 1
+    assert "stop_step: 4" in (out / "s1.txt").read_text()
+    assert (out / "s1.profile.kernels.md").exists()
