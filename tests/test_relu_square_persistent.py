@@ -186,6 +186,24 @@ def test_persistent_ops_refuse_rows_that_tma_cannot_address():
         relu_square_grad_persistent(g_out, w2, post)
 
 
+def test_tma_operands_are_copied_only_when_their_layout_needs_it():
+    """Row-major operands with 16-byte aligned rows and start pass as they are, others are copied row-major;
+    under torch.compile (Dynamo cannot trace ``storage_offset()``) the start is trusted."""
+    from speedrun.kernels.relu_square_mlp import _tma_operand
+
+    base = torch.zeros(10, 16, dtype=torch.bfloat16)
+    assert _tma_operand("op", "t", base) is base
+    column_major = base.t().contiguous().t()
+    copy = _tma_operand("op", "t", column_major)
+    assert copy is not column_major and copy.is_contiguous() and torch.equal(copy, column_major)
+    shifted = base.view(-1)[4:4 + 9 * 16].view(9, 16)                  # starts 8 bytes into the storage
+    assert _tma_operand("op", "t", shifted) is not shifted
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert _tma_operand("op", "t", shifted) is shifted
+        assert _tma_operand("op", "t", column_major) is not column_major
+
+
 def test_persistent_ops_return_without_a_launch_when_there_is_nothing_to_multiply():
     from speedrun.kernels.relu_square_mlp import relu_square_grad_persistent, relu_square_matmul_fp8_up_persistent
 

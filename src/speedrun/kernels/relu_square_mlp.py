@@ -52,17 +52,21 @@ at about 75% of cuBLAS's rate on the same shape (0.47-0.49 ms against 0.36 ms).
 
 torch.compile(fullgraph=True): the products are operators (``speedrun::relu_square_matmul``,
 ``speedrun::relu_square_grad`` and their FP8 variants) made with ``torch.library.triton_op`` +
-``wrap_triton``, so Dynamo and Inductor trace into them; the persistent variants are opaque
-``torch.library.custom_op``s (torch 2.11 does not capture host-side TMA descriptors built inside a traced
-operator), which Inductor calls as they are; the gradient is a ``torch.autograd.Function``, which Dynamo
-traces too. On a CPU the kernels run only under Triton's
+``wrap_triton``, so Dynamo and Inductor trace into them; the persistent variants are plain functions that
+build their host-side TMA descriptors and launch the kernel, as record #88's ``linear_relu_square`` does:
+Dynamo traces them (it captures ``TensorDescriptor.from_tensor`` and the launch; a ``triton_op`` body, traced
+outside Dynamo, would not capture the descriptors), so that Inductor launches them from its own code, as it
+does the per-tile kernels (as opaque ``custom_op``s, launched from Python through the autotuner at every call,
+a compiled MLP call was 0.6-0.7 ms slower than with the per-tile kernels for products no slower:
+docs/benchmarks.md, 2026-12-07). Under torch.compile the persistent launches do not check their operands'
+start addresses (:func:`_tma_operand`). The gradient is a ``torch.autograd.Function``, which Dynamo traces
+too. On a CPU the kernels run only under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before this module is imported, and one autotune config at a time:
 the interpreter cannot benchmark), which the tests use.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -442,7 +446,15 @@ def _config_blocks(kernel) -> tuple[int, int, int]:
     return shapes.pop()
 
 
-@functools.cache
+@torch._dynamo.assume_constant_result        # a constant of a traced launch, read when Dynamo traces it
+def _persistent_blocks(kernel_name: str) -> tuple[int, int, int]:
+    """:func:`_config_blocks` of the persistent kernel ``"fp8_up"`` or ``"grad"`` (by name: Dynamo calls this
+    at trace time with constant arguments)."""
+    kernels = {"fp8_up": _relu_square_fp8_persistent_kernel, "grad": _relu_square_grad_persistent_kernel}
+    return _config_blocks(kernels[kernel_name])
+
+
+@torch._dynamo.assume_constant_result        # read once when Dynamo traces the launch, a constant of its graph
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -450,7 +462,7 @@ def _sm_count(device_index: int) -> int:
 def _num_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent kernel over ``tiles`` output tiles: one per SM on CUDA, else
     _INTERPRETER_PROGRAMS; never more than the tiles."""
-    slots = _sm_count(device.index) if device.type == "cuda" else _INTERPRETER_PROGRAMS
+    slots = _sm_count(device.index) if device.type == "cuda" else _INTERPRETER_PROGRAMS    # a tensor's: indexed
     return min(slots, tiles)
 
 
@@ -463,18 +475,20 @@ def _require_tma_rows(op: str, name: str, t: torch.Tensor) -> None:
 
 def _tma_operand(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     """``t`` (R, S) in a layout a TMA descriptor reads: ``t`` itself when contiguous along S with its start
-    and row stride 16-byte aligned, else a row-major copy. Raises as :func:`_require_tma_rows`."""
+    and row stride 16-byte aligned, else a row-major copy. Raises as :func:`_require_tma_rows`.
+
+    Under torch.compile the start is not checked: Dynamo cannot trace ``storage_offset()``, and the MLP's
+    operands are whole tensors of Inductor's aligned buffers (the quantized input, the weight caches, post,
+    the incoming gradient), as record #88's kernel assumes of its own."""
     _require_tma_rows(op, name, t)
     size = t.element_size()
-    if t.stride(1) == 1 and t.stride(0) * size % 16 == 0 and t.storage_offset() * size % 16 == 0:
+    rows = t.stride(1) == 1 and t.stride(0) * size % 16 == 0
+    if rows and (torch.compiler.is_compiling() or t.storage_offset() * size % 16 == 0):
         return t
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
-# The persistent operators are opaque custom ops, not triton_ops: their host-side TMA descriptors are built in the
-# operator's body, which torch 2.11 traces outside Dynamo without capturing descriptors (they would hold the
-# tracing's tensors). Inductor calls them as they are, with the real tensors; their fakes give the output alone.
-@torch.library.custom_op("speedrun::relu_square_matmul_fp8_up_persistent", mutates_args=())
+# The persistent launches are plain functions that Dynamo traces (see the module docstring), not operators.
 def relu_square_matmul_fp8_up_persistent(x8: torch.Tensor, w1_8: torch.Tensor,
                                          dequant_scale: torch.Tensor) -> torch.Tensor:
     """:func:`relu_square_matmul_fp8_up` in a persistent kernel: post = relu(dequant_scale · x8 w1_8ᵀ)² (T, F)
@@ -496,7 +510,7 @@ def relu_square_matmul_fp8_up_persistent(x8: torch.Tensor, w1_8: torch.Tensor,
         return post.zero_()
     x8, w1_8 = _tma_operand(op, "x8", x8), _tma_operand(op, "w1_8", w1_8)
     _require_tma_rows(op, "post", post)
-    BM, BN, BK = _config_blocks(_relu_square_fp8_persistent_kernel)
+    BM, BN, BK = _persistent_blocks("fp8_up")
     programs = _num_programs(x8.device, triton.cdiv(M, BM) * triton.cdiv(N, BN))
     _relu_square_fp8_persistent_kernel[(programs,)](
         TensorDescriptor.from_tensor(x8, [BM, BK]), TensorDescriptor.from_tensor(w1_8, [BN, BK]),
@@ -504,12 +518,6 @@ def relu_square_matmul_fp8_up_persistent(x8: torch.Tensor, w1_8: torch.Tensor,
     return post
 
 
-@relu_square_matmul_fp8_up_persistent.register_fake
-def _(x8: torch.Tensor, w1_8: torch.Tensor, dequant_scale: torch.Tensor) -> torch.Tensor:
-    return x8.new_empty((x8.size(0), w1_8.size(0)), dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("speedrun::relu_square_grad_persistent", mutates_args=())
 def relu_square_grad_persistent(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
     """:func:`relu_square_grad` in a persistent kernel: g_pre = (g_out W2) · 2·sqrt(post) (T, F) from g_out
     (T, C), w2 (C, F) and post (T, F), all bf16 (or all fp16), accumulated in fp32. One program per SM loops
@@ -528,18 +536,13 @@ def relu_square_grad_persistent(g_out: torch.Tensor, w2: torch.Tensor, post: tor
         return g_pre.zero_()
     g_out, w2, post = (_tma_operand(op, name, t) for name, t in (("g_out", g_out), ("w2", w2), ("post", post)))
     _require_tma_rows(op, "g_pre", g_pre)
-    BM, BN, BK = _config_blocks(_relu_square_grad_persistent_kernel)
+    BM, BN, BK = _persistent_blocks("grad")
     programs = _num_programs(g_out.device, triton.cdiv(M, BM) * triton.cdiv(N, BN))
     _relu_square_grad_persistent_kernel[(programs,)](
         TensorDescriptor.from_tensor(g_out, [BM, BK]), TensorDescriptor.from_tensor(w2, [BK, BN]),
         TensorDescriptor.from_tensor(post, [BM, BN // 2]), TensorDescriptor.from_tensor(g_pre, [BM, BN // 2]),
         M, N, K, NUM_PROGRAMS=programs)
     return g_pre
-
-
-@relu_square_grad_persistent.register_fake
-def _(g_out: torch.Tensor, w2: torch.Tensor, post: torch.Tensor) -> torch.Tensor:
-    return g_out.new_empty((g_out.size(0), w2.size(1)))
 
 
 def _check_fp8_operands(x8, w1_8, dequant_scale, post_scale) -> None:
