@@ -522,7 +522,7 @@ class _Run:
             return 0.0
         model, cfg = self.model, self.config
         saved = model.schedule_state()
-        plan = warm_up_plan(cfg, None if self.last_step == cfg.steps else self.last_step)
+        plan = warm_up_plan(cfg, self.last_step)
         for i, (step, kind) in enumerate(plan, 1):
             begin = _now()
             self.set_windows(step)
@@ -595,7 +595,7 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     header's ``stop_step`` line says so. Its log ends at ``step:<stop_step>/<steps>``, which the log parser
     reads as a truncated run, never as a result. Raises
     :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
-    the config; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
+    the config or ``stop_step`` is out of range; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
     and re-raised, the log renamed to ``log_path`` all the same.
 
     The order at the end: the last validation, the ``peak memory`` line, the teardown (the prefetching thread
