@@ -462,7 +462,7 @@ def _sm_count(device_index: int) -> int:
 def _num_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent kernel over ``tiles`` output tiles: one per SM on CUDA, else
     _INTERPRETER_PROGRAMS; never more than the tiles."""
-    slots = _sm_count(device.index) if device.type == "cuda" else _INTERPRETER_PROGRAMS    # a tensor's: indexed
+    slots = _sm_count(device.index) if device.type == "cuda" else _INTERPRETER_PROGRAMS  # (a CUDA tensor has one)
     return min(slots, tiles)
 
 
