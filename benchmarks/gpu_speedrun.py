@@ -43,7 +43,7 @@ from speedrun.model.config import GPTConfig
 from speedrun.model.prefix import prefix_token_table
 from speedrun.training.compile_cache import use_compile_cache
 from speedrun.training.config import TrainConfig
-from speedrun.training.loop import run_training
+from speedrun.training.loop import last_step, run_training
 from speedrun.workflow.planning import check_training_data
 
 H200_BF16_TFLOPS = 810.0
@@ -112,7 +112,7 @@ def summarize(config: TrainConfig, log: Path, skip: int, peak_tflops: float, sto
     metrics = parse_log(log).metrics
     val = metrics[metrics["kind"] == "val"]
     steps = step_times_ms(log)
-    tokens = config.batch_at((config.steps if stop_step is None else stop_step) - 1)[0]   # the last step's batch
+    tokens = config.batch_at(last_step(config, stop_step) - 1)[0]        # the last trained step's batch
     model = config.model_config()
     window = model.window_long_blocks * model.window_block_size if model.window_pattern else config.max_seq_len
     flops = flops_per_token(model, min(window, config.max_seq_len) / 2)

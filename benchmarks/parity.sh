@@ -160,7 +160,8 @@ ours_configs() {   # our parity configs against a record: record87 -> parity-rec
 
 session_run() {   # session_run RECORD...: the background job of `session` (see the header), from the copy of this
     # script under $ROOT
-    local record config configs=() records=("$@")
+    local record config configs=() again=("$@")
+    [ "${PARITY_PHASE_B:-both}" = ours ] && again=()     # the records' phase-A runs alone: no second run of theirs
     for record in "$@"; do read -ra more <<< "$(ours_configs "$record")"; configs+=("${more[@]}"); done
     echo "phase A $(date +%T): $* against ${configs[*]}"
     for record in "$@"; do reference_run "$record" 1 & done
@@ -169,14 +170,13 @@ session_run() {   # session_run RECORD...: the background job of `session` (see 
     echo "phase B $(date +%T)"     # our step times first (a warm start is short), then the records' spread
     # shellcheck disable=SC2086
     for config in "${configs[@]}"; do ours_run "$config" 2 ${PARITY_PROFILE---profile}; done   # where our time goes
-    [ "${PARITY_PHASE_B:-both}" = ours ] && set --   # the records' phase-A runs alone: no second run of theirs
-    for record in "$@"; do    # PARITY_REFERENCE_PROFILE: this run profiled too (its script was patched at start)
+    for record in "${again[@]}"; do   # PARITY_REFERENCE_PROFILE: this run profiled too (script patched at start)
         RECORD_PROFILE_STEPS=${PARITY_REFERENCE_PROFILE:-} RECORD_PROFILE_OUT=$ROOT/profiles/$record \
             reference_run "$record" 2
     done
     echo "summaries $(date +%T)"
     cd $ROOT/code
-    for record in "${records[@]}"; do
+    for record in "$@"; do
         for config in $(ours_configs "$record"); do
             local name=summary-$record
             [ "$config" = parity-record89 ] && name=summary-race89

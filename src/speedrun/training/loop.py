@@ -297,10 +297,16 @@ def _on_device(values: float | Sequence[float], device: torch.device) -> torch.T
     return host.to(device, non_blocking=True)
 
 
+def last_step(config: TrainConfig, stop_step: int | None = None) -> int:
+    """The run's last step, validated and not trained: ``config.steps``, or ``stop_step`` for a run stopped
+    there (:func:`run_training`)."""
+    return config.steps if stop_step is None else stop_step
+
+
 def validation_steps(config: TrainConfig, stop_step: int | None = None) -> list[int]:
     """The steps validated before their update: 0, every ``val_every`` steps and the last (``steps``, or
     ``stop_step`` for a run stopped there: :func:`run_training`)."""
-    last = config.steps if stop_step is None else stop_step
+    last = last_step(config, stop_step)
     every = set(range(0, last, config.evaluation.val_every)) if config.evaluation.val_every else set()
     return sorted({0, last} | every)
 
@@ -357,8 +363,7 @@ def warm_up_steps(config: TrainConfig, stop_step: int | None = None) -> list[int
     or (windows as graph inputs) one per graph; only those before ``stop_step`` for a run stopped there."""
     steps = {0} | {first for first, _, _ in config.batch_stages()}
     steps |= set(config.window_stage_starts())
-    last = config.steps if stop_step is None else stop_step
-    return sorted(s for s in steps if s < last)
+    return sorted(s for s in steps if s < last_step(config, stop_step))
 
 
 class _Run:
@@ -367,7 +372,7 @@ class _Run:
     def __init__(self, config: TrainConfig, seed: int, data: TrainingData, device: torch.device,
                  launch: Launch, log: RunLog, phases: RunPhases, stop_step: int | None = None):
         self.config, self.device, self.launch, self.log, self.phases = config, device, launch, log, phases
-        self.last_step = config.steps if stop_step is None else stop_step     # validated, then the loop ends
+        self.last_step = last_step(config, stop_step)                         # validated, then the loop ends
         with phases.timed("model"):
             torch.manual_seed(seed)
             with torch.device(device):                       # initialized where it trains: on a GPU, not ~10 s
@@ -595,8 +600,8 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     header's ``stop_step`` line says so. Its log ends at ``step:<stop_step>/<steps>``, which the log parser
     reads as a truncated run, never as a result. Raises
     :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
-    the config or ``stop_step`` is out of range; any error during training (a :class:`RunStopped` included) is logged as :func:`failure_line`
-    and re-raised, the log renamed to ``log_path`` all the same.
+    the config or ``stop_step`` is out of range; any error during training (a :class:`RunStopped` included)
+    is logged as :func:`failure_line` and re-raised, the log renamed to ``log_path`` all the same.
 
     The order at the end: the last validation, the ``peak memory`` line, the teardown (the prefetching thread
     stopped, the process group destroyed), then the ``phases:`` line and, for a diverged run, ``run diverged:
