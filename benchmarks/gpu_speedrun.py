@@ -13,7 +13,8 @@ corpus, then reads the log back and prints one JSON line of figures:
 * ``graphs``: the graphs Dynamo compiled (:func:`compiled_graphs`; the profile's are not counted).
 
 With ``--profile`` it also times the parts of a step and traces two training steps with torch.profiler
-after the run (:func:`profile_steps`: ``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``). With
+after the run (:func:`profile_steps`: steps 2 and 3, or ``--profile-step N`` and N + 1;
+``<out>/<name>.profile.{txt,kernels.md,trace.json.gz}``). With
 ``--check-data`` it only checks, in seconds and without a GPU, that ``--data`` feeds the config (:func:`check_data`).
 
     PYTHONPATH=src python benchmarks/gpu_speedrun.py --config configs/h200-record28.yaml \\
@@ -165,25 +166,34 @@ def kernel_summary(trace: Path, wall_ms: float, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | None = None) -> None:
-    """After warm-up and one untimed step: the wall time of the parts of a step (forward and backward of all
-    micro-batches, the optimizer step; CUDA-synchronized, median of 3), then a torch.profiler trace of two
-    steps: the operator table (``<out>.txt``), the kernel summary by kind with the GPU's busy share
-    (``<out>.kernels.md``) and the trace itself (``<out>.trace.json.gz``, for chrome://tracing or Perfetto)."""
+def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | None = None, first: int = 2) -> None:
+    """After warm-up and the steps before ``first - 1`` trained untimed (in order: the loader serves the steps
+    one after another): the wall time of the parts of step ``first - 1`` (forward and backward of all
+    micro-batches, the optimizer step; CUDA-synchronized, median of 3, on that step's batches), then a
+    torch.profiler trace of steps ``first`` and ``first + 1``: the operator table (``<out>.txt``), the kernel
+    summary by kind with the GPU's busy share (``<out>.kernels.md``) and the trace itself
+    (``<out>.trace.json.gz``, for chrome://tracing or Perfetto). ``first`` = 2 traces stage 1; a later stage's
+    steps (e.g. 41 of the parity schedule's stage 2) cost the steps before them, about 0.3-0.5 s each on an H100.
+    Raises ``ValueError`` unless 2 <= first and first + 1 < the run's last step (``stop_step`` or the config's
+    steps: both traced steps are trained, not validated)."""
     from torch.profiler import ProfilerActivity, profile
 
     from speedrun.training.data import load_training_data
     from speedrun.training.launch import Launch, resolve_device
     from speedrun.support.phases import RunPhases
-    from speedrun.training.loop import _Run, train_step
+    from speedrun.training.loop import _Run, last_step, train_step
     from speedrun.training.runlog import RunLog
 
+    if not 2 <= first < last_step(config, stop_step) - 1:
+        raise ValueError(f"the profiled steps {first} and {first + 1} must lie in 2..{last_step(config, stop_step) - 1} "
+                         f"(the run's trained steps past its first two)")
     device = resolve_device(config.compute.device, 0)
     phases = RunPhases(sync=torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None),
                phases, stop_step)                     # with --stop-step, the graphs of the steps before it alone
     run.warm_up()
-    run.train(0)
+    for step in range(first - 1):                      # the steps before the parts' step, untimed
+        run.train(step)
     cuda = device.type == "cuda"
 
     def timed(fn) -> float:
@@ -193,8 +203,8 @@ def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | N
         run.clock.sync()
         return (time.perf_counter() - start) * 1000
 
-    batches = run.step_batches(1)
-    max_seq_len = config.batch_at(1)[1]
+    batches = run.step_batches(first - 1)
+    max_seq_len = config.batch_at(first - 1)[1]
     parts = {"forward + backward": [], "optimizer step": [], "zero_grad": [], "tied copy + FP8 weights": []}
     for _ in range(3):
         parts["forward + backward"].append(timed(lambda: train_step(
@@ -208,7 +218,7 @@ def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | N
     run.clock.sync()
     start = time.perf_counter()
     with profile(activities=activities) as prof:
-        for step in (2, 3):
+        for step in (first, first + 1):
             run.train(step)
         run.clock.sync()
     wall_ms = (time.perf_counter() - start) * 1000
@@ -264,6 +274,9 @@ def main() -> None:
                              "the log reads as truncated)")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--profile", action="store_true", help="also trace two steps with torch.profiler")
+    parser.add_argument("--profile-step", type=int, default=2, metavar="N",
+                        help="with --profile: trace steps N and N+1 (default 2: stage 1; e.g. 41 for the parity "
+                             "schedule's stage 2), the steps before them trained untimed")
     parser.add_argument("--check-data", action="store_true",
                         help="only check that --data feeds the config's steps and validation (the planning-time "
                              "check of the workflow, no GPU, seconds), print one line and exit: status 1 if not")
@@ -271,6 +284,8 @@ def main() -> None:
                         help="Inductor/Triton cache folder, as `speedrun train --compile-cache` (a second run "
                              "with the same folder measures the warm start)")
     args = parser.parse_args()
+    if args.profile_step < 2:
+        parser.error(f"--profile-step must be at least 2, got {args.profile_step}")
     if args.check_data:
         raise SystemExit(check_data(args.config, args.overrides, args.steps, args.data))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -290,7 +305,7 @@ def main() -> None:
     with open(args.out / "figures.jsonl", "a", encoding="utf-8") as f:    # before the profile: a failed profile
         f.write(json.dumps(figures) + "\n")                               # keeps the run's figures
     if args.profile:
-        profile_steps(config, args.data, args.out / f"{args.name}.profile", args.stop_step)
+        profile_steps(config, args.data, args.out / f"{args.name}.profile", args.stop_step, args.profile_step)
 
 
 if __name__ == "__main__":

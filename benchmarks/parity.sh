@@ -36,7 +36,8 @@
 # Logs and figures go to /tmp/parity/<side>-<n>.{out,txt}; every `wait` copies them to $OUT as one
 # parity-logs.tar.gz (a device call brings back at most 8 files).
 # Environment: PARITY_CONFIGS (our configs of `session`, e.g. parity-record88 alone; default by record),
-# PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile),
+# PARITY_PROFILE (empty: phase B's run of ours without the profile, about a minute less; default --profile;
+# "--profile --profile-step 41": stage 2's steps 41-42 traced, as PARITY_REFERENCE_PROFILE=41,2 the record's),
 # PARITY_REFERENCE_PROFILE (FIRST,COUNT: phase B's run of the record profiled as by reference-profile, into
 # $ROOT/profiles/RECORD.*; its step times stay usable: medians, and only COUNT steps are traced),
 # PARITY_AFTER (a file, e.g. $ROOT/ours-parity-record88.done: the `reference` or `ours` part started waits for it

@@ -68,3 +68,42 @@ def test_stop_step_times_the_first_stage_alone_and_profiles_it(tmp_path, monkeyp
     assert figures["step_ms"] is not None                      # steps 2-4 past --skip 1
     assert "stop_step: 4" in (out / "s1.txt").read_text()
     assert (out / "s1.profile.kernels.md").exists()
+
+
+def test_profile_step_traces_a_later_stage_after_training_the_steps_before_it(tmp_path, monkeypatch):
+    """``--profile-step N`` (stage 2 of a parity run, whose 3 ms session 41 left open): the steps before N - 1
+    are trained in order, the parts are timed on step N - 1's batches (that stage's shape) and steps N and
+    N + 1 are traced; steps that the run does not train are refused before anything runs."""
+    bench = _load_benchmark()
+    from speedrun.training import loop
+
+    write_dataset(tmp_path / "data", counting_documents(600), shard_tokens=16384)
+    config = TrainConfig.from_dict({
+        "preset": "tiny", "model": {"n_layer": 2, "model_dim": 32, "n_head": 2, "head_dim": 16}, "steps": 8,
+        "batch_schedule": [[256, 64], [512, 128]], "micro_batches": 2, "val_tokens": 512,
+        "val_batch_tokens": 256, "val_every": 0, "compile": False})
+    trained, fetched = [], []
+    train, step_batches = loop._Run.train, loop._Run.step_batches
+    monkeypatch.setattr(loop._Run, "train", lambda self, step: (trained.append(step), train(self, step))[1])
+    monkeypatch.setattr(loop._Run, "step_batches",
+                        lambda self, step: (fetched.append(step), step_batches(self, step))[1])
+    out = tmp_path / "out" / "run.profile"
+    out.parent.mkdir()
+    bench.profile_steps(config, tmp_path / "data", out, first=5)
+    assert trained == [0, 1, 2, 3, 5, 6]
+    assert fetched == [0, 1, 2, 3, 4, 5, 6]                     # step 4's batches: the parts' (stage 2's shape)
+    assert config.batch_at(4) == (512, 128)
+    assert "2 steps, wall" in Path(f"{out}.kernels.md").read_text()
+    for first, stop in [(7, None), (1, None), (4, 5)]:          # step 8 / step 5 is validated, not trained
+        with pytest.raises(ValueError, match="profiled steps"):
+            bench.profile_steps(config, tmp_path / "data", out, stop_step=stop, first=first)
+
+
+def test_profile_step_below_two_is_refused_by_the_command_line(tmp_path, monkeypatch, capsys):
+    bench = _load_benchmark()
+    monkeypatch.setattr("sys.argv", ["gpu_speedrun.py", "--config", str(tmp_path / "c.yaml"), "--data",
+                                     str(tmp_path), "--out", str(tmp_path / "out"), "--name", "x", "--profile",
+                                     "--profile-step", "1"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--profile-step must be at least 2, got 1" in capsys.readouterr().err
