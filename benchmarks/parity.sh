@@ -40,8 +40,9 @@
 # "--profile --profile-step 41": stage 2's steps 41-42 traced, as PARITY_REFERENCE_PROFILE=41,2 the record's),
 # PARITY_REFERENCE_PROFILE (FIRST,COUNT: phase B's run of the record profiled as by reference-profile, into
 # $ROOT/profiles/RECORD.*; its step times stay usable: medians, and only COUNT steps are traced),
-# PARITY_AFTER (a file, e.g. $ROOT/ours-parity-record88.done: the `reference` or `ours` part started waits for it
-# before its first run, so that two parts run one after the other from one device call, each alone on the GPU),
+# PARITY_AFTER (a file, e.g. $ROOT/ours-parity-record88.done: the `reference`, `reference-profile` or `ours` part
+# waits for it before its first run, so that two parts run one after the other from one device call, each alone
+# on the GPU; a .done file is left from the last part of its name: remove it first),
 # PARITY_PHASE_B (ours: phase B runs ours alone and not the records again, for a short lease: a record's phase-A
 # run trains after ours has ended, alone on the GPU as in session 37, so its step times count; default both),
 # PARITY_ROOT (default /tmp/parity), PARITY_DD (the debian-docs shards, default .carry/dd),
@@ -204,8 +205,8 @@ reference-profile)   # the record's script once more, torch.profiler around step
     python3 benchmarks/record_profile.py patch $ROOT/$record/train_gpt.py $ROOT/$record/train_gpt.py
     copy_code
     cp "$0" $ROOT/parity.sh
-    setsid nohup env RECORD_PROFILE_STEPS="$steps" RECORD_PROFILE_OUT=$ROOT/profiles/$record \
-        bash $ROOT/parity.sh reference-run "$record" profiled > /dev/null 2>&1 < /dev/null &
+    setsid nohup bash -c "$(after_wait) RECORD_PROFILE_STEPS=$steps RECORD_PROFILE_OUT=$ROOT/profiles/$record \
+        bash $ROOT/parity.sh reference-run $record profiled" > /dev/null 2>&1 < /dev/null &
     echo "started a profiled run of $record (steps $steps) under $ROOT/$record" ;;
 ours-run) ours_run "${@:2}" ;;
 session)
