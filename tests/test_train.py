@@ -24,7 +24,7 @@ from speedrun.errors import SpeedrunError
 from speedrun.training.config import TrainConfig
 from speedrun.training.data import load_training_data, steps_fed
 from speedrun.training.loop import run_training
-from speedrun.training.runlog import SEPARATOR, RunLog, peak_memory_line, train_line, val_line
+from speedrun.training.runlog import SEPARATOR, RunLog, peak_memory_line, stopped_path, train_line, val_line
 from synthetic_data import counting_documents, write_dataset
 
 STEP_RE = re.compile(r"^step:(\d+)/(\d+) (train|val)_loss:(\S+) train_time:(\d+)ms step_avg:([0-9.]+)ms$")
@@ -86,6 +86,24 @@ def test_a_new_run_log_removes_the_temporary_logs_a_killed_run_left(tmp_path):
                                                                ".tmp-seed0.txt"])
     log.finish()
     assert (folder / "seed0.txt").read_text() == ""
+
+
+def test_a_stopped_run_log_goes_beside_its_name_and_the_next_run_removes_it(tmp_path):
+    """A run stopped by a signal is not done: its log goes to ``<name>.stopped``, never under the name that the
+    workflow takes as the finished run (Snakemake interrupted with its jobs keeps what its jobs wrote); the
+    next run of the same name removes it, and the stopped log of another name stays."""
+    folder = tmp_path / "train"
+    log = RunLog(folder / "seed0.txt", echo=False)
+    log.write("run failed: interrupted by SIGINT")
+    log.finish(stopped=True)
+    assert stopped_path(folder / "seed0.txt") == folder / "seed0.txt.stopped"
+    assert sorted(p.name for p in folder.iterdir()) == ["seed0.txt.stopped"]
+    assert (folder / "seed0.txt.stopped").read_text() == "run failed: interrupted by SIGINT\n"
+    (folder / "seed1.txt.stopped").write_text("other")
+    again = RunLog(folder / "seed0.txt", echo=False)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([again.tmp_path.name, "seed1.txt.stopped"])
+    again.finish()
+    assert sorted(p.name for p in folder.iterdir()) == ["seed0.txt", "seed1.txt.stopped"]
 
 
 # ---- runs --------------------------------------------------------------------------------------------

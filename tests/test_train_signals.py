@@ -1,5 +1,6 @@
 """How ``speedrun train`` stops: SIGTERM and SIGINT end the log with a ``run failed: ...`` line that the parser
-reads as ``failed`` and exit with 128 + the signal; the run dies with its launcher (PR_SET_PDEATHSIG, Linux);
+reads as ``failed``, leave it as ``<--out>.stopped`` (never under ``--out``: a stopped run is not done) and exit
+with 128 + the signal; the run dies with its launcher (PR_SET_PDEATHSIG, Linux);
 a negative or too large ``--seed`` is refused before anything starts. The signal tests run a real CPU training
 in a subprocess and signal it once its first ``step:`` line is in the temporary log."""
 
@@ -77,7 +78,9 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def assert_stopped_log(log: Path, signum: int) -> None:
+def assert_stopped_log(out: Path, signum: int) -> None:
+    """The run's log is at ``<out>.stopped``, whole, and nothing is at ``out`` or left as a temporary log."""
+    log = out.with_name(out.name + ".stopped")
     lines = log.read_text().splitlines()
     assert lines[-1] == STOPPED[signum]
     assert lines[-2].startswith("phases: ") and lines[-3].startswith("peak memory allocated: ")
@@ -85,7 +88,7 @@ def assert_stopped_log(log: Path, signum: int) -> None:
     assert not any(line.startswith("step:800/800 val_loss:") for line in lines)     # stopped early
     record = read_record(log)
     assert (record.status, record.reason) == ("failed", STOPPED[signum])
-    assert sorted(p.name for p in log.parent.iterdir()) == [log.name]                # no .tmp-* left
+    assert sorted(p.name for p in log.parent.iterdir()) == [log.name]                # no --out, no .tmp-*
 
 
 # ---- signals to the training process -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A killed workflow loses nothing and redoes nothing finished (README "Recovering from a crash"): the workflow
 is killed with SIGKILL twice, once as a whole process group and once Snakemake alone, while one training run
 runs and after another finished; every training process must end with it, the README's recovery steps
-(``--unlock``, then ``--rerun-incomplete``) must work, and only the killed run must rerun.
+(``--unlock``, then the same call) must work, and only the killed run must rerun; and once with Ctrl-C (SIGINT
+to the process group), after which the next call alone reruns the stopped run.
 
 The micro config of test_workflow.py, with two variants: ``baseline`` (2 steps, finishes first) and ``slow``
 (350 steps of 256 tokens, killed while it trains).
@@ -96,15 +97,17 @@ def _all_end(workdir: Path, timeout: float = 60.0) -> list[int]:
 
 
 def _recover_and_plan(workdir: Path) -> dict[str, int]:
-    """The README's recovery: the next call is refused for the incomplete run, the one with
-    ``--rerun-incomplete`` for the lock that the killed Snakemake left; ``--unlock`` lifts it. Returns what
-    ``--rerun-incomplete`` would then run."""
-    refused = _snakemake(workdir, *TARGETS)
-    assert refused.returncode != 0 and "--rerun-incomplete" in refused.stderr, refused.stderr
-    locked = _snakemake(workdir, "--rerun-incomplete", *TARGETS)
+    """The README's recovery: the next call is refused for the lock that the killed Snakemake left, naming
+    ``--unlock``; ``--unlock`` lifts it. The killed run left nothing under its output's name (its log is
+    ``seed0.txt.stopped``, or a temporary log when SIGKILL reached it), so the plain call and the one with
+    ``--rerun-incomplete`` plan the same. Returns what the plain call would then run."""
+    locked = _snakemake(workdir, *TARGETS)
     assert locked.returncode != 0 and "LockException" in locked.stderr and "--unlock" in locked.stderr, locked.stderr
+    assert not (workdir / TARGETS[1]).exists()
     assert _snakemake(workdir, "--unlock", *TARGETS).returncode == 0
-    return _planned_jobs(_snakemake(workdir, "-n", "--rerun-incomplete", *TARGETS))
+    plain = _planned_jobs(_snakemake(workdir, "-n", *TARGETS))
+    assert _planned_jobs(_snakemake(workdir, "-n", "--rerun-incomplete", *TARGETS)) == plain
+    return plain
 
 
 def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_path):
@@ -125,7 +128,7 @@ def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_
         assert _recover_and_plan(workdir) == {"train": 1}          # slow only: baseline is kept
         # 2. The README's rerun, killed again, Snakemake alone (its job shells and torchrun stay in its group).
         stale = _slow_temporary_logs(workdir)
-        proc = _start(workdir, "--rerun-incomplete")
+        proc = _start(workdir)
         _wait_until_slow_trains(workdir, proc, stale)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -134,6 +137,40 @@ def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_
         assert (workdir / TARGETS[0]).read_bytes() == finished
     finally:
         for pid in _processes_in(workdir):                        # what this test started and left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_ctrl_c_stops_the_training_and_the_next_call_reruns_only_the_stopped_run(tmp_path):
+    """Ctrl-C in the terminal (SIGINT to Snakemake and its jobs, the whole process group): the runs end, the
+    stopped run leaves its log as ``seed0.txt.stopped`` and nothing under its output's name (an interrupted
+    Snakemake does not remove what its jobs wrote, snakemake/snakemake#1871, so a log there would be refused as
+    incomplete, or taken as done after ``--cleanup-metadata``), and the next plain call, with no flag and no
+    ``--unlock``, reruns that run alone (README "Recovering from a crash")."""
+    workdir = tmp_path.resolve()
+    shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
+    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
+    _write_config(workdir, _config())
+    try:
+        proc = _start(workdir)
+        _wait_until_slow_trains(workdir, proc, set())
+        finished = (workdir / TARGETS[0]).read_bytes()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        assert _all_end(workdir) == [], "training processes outlived Ctrl-C"
+        slow = workdir / "results/train/slow"
+        assert sorted(p.name for p in slow.iterdir()) == ["seed0.txt.stopped"], sorted(slow.iterdir())
+        assert (slow / "seed0.txt.stopped").read_text().splitlines()[-1] == "run failed: interrupted by SIGINT"
+        planned = _snakemake(workdir, "-n", *TARGETS)
+        assert planned.returncode == 0, planned.stderr
+        assert _planned_jobs(planned) == {"train": 1}
+        assert (workdir / TARGETS[0]).read_bytes() == finished
+    finally:
+        for pid in _processes_in(workdir):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -8,7 +8,9 @@ the import of :mod:`speedrun.support.phases`, imported here before torch; :func:
 
 Stopping (the command, :func:`main`): a signal or the launcher's end stops the run through
 :mod:`speedrun.support.stopping`; the log ends with ``run failed: terminated by SIGTERM`` (or ``interrupted by
-SIGINT``), is renamed to ``--out`` like any failed run's, and the command exits with 128 + the signal.
+SIGINT``) and is renamed to ``<--out>.stopped``, not to ``--out`` (a stopped run is not done: the workflow's
+next call runs it again; :func:`speedrun.training.runlog.stopped_path`), and the command exits with 128 + the
+signal.
 """
 
 from __future__ import annotations

@@ -601,7 +601,10 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
     reads as a truncated run, never as a result. Raises
     :class:`SpeedrunError` before anything is written when the world size, GPUs, device or data do not fit
     the config or ``stop_step`` is out of range; any error during training (a :class:`RunStopped` included)
-    is logged as :func:`failure_line` and re-raised, the log renamed to ``log_path`` all the same.
+    is logged as :func:`failure_line` and re-raised, the log renamed to ``log_path`` all the same, or, for a
+    run stopped by a signal (:class:`RunStopped`: Ctrl-C, a scheduler's stop, the launcher's end), to
+    :func:`speedrun.training.runlog.stopped_path` of it: a stopped run leaves no file under its output's name, so
+    the workflow's next call runs it again.
 
     The order at the end: the last validation, the ``peak memory`` line, the teardown (the prefetching thread
     stopped, the process group destroyed), then the ``phases:`` line and, for a diverged run, ``run diverged:
@@ -652,7 +655,7 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
             log.write(peak_memory_line(*peak_memory_mib(device)))
             log.write(phases.line())
             log.write(failure_line(e))
-            log.finish()
+            log.finish(stopped=isinstance(e, RunStopped))
             raise
         log.write(phases.line())
         if result.status == "diverged":

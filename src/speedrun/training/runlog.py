@@ -9,7 +9,9 @@ Rank 0 writes, in order: ``key: value`` header lines, a line of exactly 100 ``=`
 
 :class:`RunLog` writes to a temporary file beside the final path (flushed line by line, so it can be
 tailed) and renames it to the final path only in :meth:`RunLog.finish`: a file under the final name is
-always a whole log.
+always a whole log. The log of a run stopped by a signal goes to :func:`stopped_path` instead (``seed0.txt.stopped``):
+a stopped run is not done, and Snakemake, interrupted with its jobs (Ctrl-C), does not remove the outputs of the
+jobs it was running (snakemake/snakemake#1871), so a log under the final name would stand as the run's result.
 """
 
 from __future__ import annotations
@@ -112,12 +114,20 @@ def header_lines(fields: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def stopped_path(path: str | os.PathLike[str]) -> Path:
+    """Where the log of a run stopped by a signal goes instead of ``path``: ``<path>.stopped`` (the final name
+    with ``.stopped`` appended), beside it. The next run of ``path`` removes it."""
+    path = Path(path)
+    return path.with_name(path.name + ".stopped")
+
+
 class RunLog:
     """Rank 0's log file: lines go to a temporary file beside ``path`` (and, with ``echo``, to stdout),
     flushed as they are written; :meth:`finish` renames it to ``path``. With ``path`` None nothing is
     written (the other ranks). The temporary logs that earlier runs of ``path`` left behind (``.tmp-<name>.*``:
-    a run killed with SIGKILL, a lost machine) are removed first: one run writes a path at a time (Snakemake
-    locks its outputs), so a second run started by hand on the same ``--out`` takes the first one's away.
+    a run killed with SIGKILL, a lost machine) and the log of a stopped run (:func:`stopped_path`) are removed
+    first: one run writes a path at a time (Snakemake locks its outputs), so a second run started by hand on the
+    same ``--out`` takes the first one's away.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, echo: bool = True):
@@ -132,6 +142,7 @@ class RunLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             for stale in self.path.parent.glob(f".tmp-{glob.escape(self.path.name)}.*"):
                 stale.unlink(missing_ok=True)
+            stopped_path(self.path).unlink(missing_ok=True)
             fd, name = tempfile.mkstemp(prefix=f".tmp-{self.path.name}.", dir=self.path.parent)
             self.tmp_path = Path(name)
             self._file = os.fdopen(fd, "w", encoding="utf-8")
@@ -145,19 +156,22 @@ class RunLog:
         if self.echo:
             print(line, flush=True)
 
-    def finish(self) -> None:
-        """Close the file, fsync it and rename it to the final path."""
+    def finish(self, stopped: bool = False) -> None:
+        """Close the file, fsync it and rename it to the final path, or, with ``stopped`` (a run stopped by a
+        signal), to :func:`stopped_path` of it. Raises :class:`SpeedrunError` naming the path when the rename
+        fails (the temporary log is removed)."""
         if self._file is None:
             return
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
+        final = stopped_path(self.path) if stopped else self.path
         umask = os.umask(0)
         os.umask(umask)
         try:
             os.chmod(self.tmp_path, 0o666 & ~umask)            # mkstemp makes 0600
-            os.replace(self.tmp_path, self.path)
+            os.replace(self.tmp_path, final)
         except OSError as e:                                   # no temporary log left behind
             self.tmp_path.unlink(missing_ok=True)
-            raise SpeedrunError(f"{self.path}: cannot write the training log ({e.strerror or e})") from None
+            raise SpeedrunError(f"{final}: cannot write the training log ({e.strerror or e})") from None
