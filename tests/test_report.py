@@ -185,6 +185,11 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
                               describe=["baseline=our model, preset tiny", "candidate=script t.py (sha256 0123)"],
                               replicates=["candidate"])
     assert report.main(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"report written to {out.resolve()}/")
+    assert printed[1:] == ["baseline: 3 counted runs, val_loss 6.2000 ± 0.1414, p=0.0032: reaches the target 6.5",
+                           printed[2], "candidate against baseline: no: target not decided, not faster (p=0.04), "
+                           "rules violated"] and printed[2].startswith("candidate: 1 counted runs")
     assert ("What each variant runs:\n\n- baseline: our model, preset tiny\n- candidate: script t.py (sha256 0123)"
             "\n\ncandidate: each seed is a replicate.") in (out / "summary.md").read_text()
     for name in ("val_loss.png", "val_loss_band.png", "final_val_loss.png", "distributions.png", "p_value_by_n.png"):
@@ -201,6 +206,26 @@ def test_main_writes_every_output(paths, tmp_path, capsys):
     # a diverged run shows where it stopped, not only the steps it was scheduled for
     assert "| candidate | 1 | diverged | – | – | 10 of 20 |" in text
     assert list(written["steps"]) == [20] * 5 and list(written["last_step"]) == [20, 20, 20, 20, 10]
+
+
+def test_console_lines_give_each_variants_verdict_and_each_candidates_in_plain_text():
+    """The lines `speedrun report` prints for the terminal (the last lines of a workflow): the variants
+    table's verdict with its numbers, the runs not counted by status, and the comparison's verdict without the
+    report's markdown."""
+    from speedrun.analysis.report_tables import console_lines
+
+    short = {**SUMMARY[0], "group": "short", "reaches_target": False, "p_value": 0.03, "runs_needed": 5,
+             "incomplete": {"diverged": 1, "failed": 0}}
+    assert console_lines([SUMMARY[0], short, SUMMARY[1]], [COMPARISON], 6.5, 0.01) == [
+        "baseline: 3 counted runs, val_loss 6.2000 ± 0.1414, p=0.0032: reaches the target 6.5",
+        "short: 3 counted runs, val_loss 6.2000 ± 0.1414, p=0.03: does not reach the target 6.5 (5 runs would, "
+        "at this mean and std); not counted: 1 diverged",
+        "candidate: 1 counted runs, val_loss 5.9000 ± –, p=– (n=1: a t-test needs at least 2 complete runs per "
+        "sample): target not decided",
+        "candidate against baseline: no: target not decided, not faster (p=0.04), rules violated"]
+    clean = {**COMPARISON, "rules": []}
+    assert console_lines([{**SUMMARY[1], "reaches_target": True}], [clean], 6.5, 0.05)[-1] == \
+        "candidate against baseline: yes"
 
 
 def test_a_candidate_beats_the_baseline_only_when_it_reaches_the_target_faster_within_the_rules():
@@ -316,6 +341,23 @@ def _public_runs(tmp_path):
         path.write_text(json.dumps({**record, "seed": None, "file": f"records/cand/{name}.txt"}))
         paths.append(path)
     return paths
+
+
+def test_step_and_run_count_axes_tick_whole_numbers_only(runs, tmp_path, monkeypatch):
+    """A short run's zoomed steps and a few runs' n got ticks such as 42.5 and 2.5 (a new user's report)."""
+    import speedrun.analysis.report_plots as report_plots
+
+    figures = []
+    monkeypatch.setattr(report_plots, "_save", lambda fig, out: figures.append(fig))
+    _, curves = runs
+    plot_val_loss(curves, tmp_path / "v.png", target=6.5, zoom_last_fraction=0.25)
+    plot_p_value_by_n(SUMMARY, tmp_path / "p.png", 0.01)
+    axes = [ax for fig in figures for ax in fig.axes]
+    assert len(axes) == 3                                          # the val_loss panels (whole, zoomed) and p by n
+    for ax in axes:
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
 
 
 def test_val_loss_plot_draws_one_line_per_run_when_seeds_are_unknown(tmp_path, monkeypatch):

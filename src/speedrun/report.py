@@ -32,7 +32,7 @@ from speedrun.analysis.report_inputs import (check_baseline, check_comparison, c
                                              report_settings)
 from speedrun.analysis.report_plots import (plot_distributions, plot_final_val_loss, plot_p_value_by_n,
                                            plot_val_loss, plot_val_loss_band, val_loss_bands)
-from speedrun.analysis.report_tables import render_summary
+from speedrun.analysis.report_tables import console_lines, render_summary
 from speedrun.errors import SpeedrunError
 from speedrun.support.atomic import atomic_open, write_text
 
@@ -90,5 +90,6 @@ def main(args: argparse.Namespace) -> int:
     plot_final_val_loss(runs, out / "final_val_loss.png", target)
     plot_distributions(runs[mask], out / "distributions.png", target)
     plot_p_value_by_n(summary, out / "p_value_by_n.png", alpha)
-    print(f"report written to {out}")
+    print(f"report written to {out.resolve()}/ (summary.md: the tables and verdicts)")
+    print("\n".join(console_lines(summary, comparisons, target, alpha)))
     return 0

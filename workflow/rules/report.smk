@@ -1,5 +1,6 @@
 # Stage 7: results/report/ — the statistics and comparison tables and the plots, each marked for
-# `snakemake --report results/report.html`.
+# `snakemake --report results/report.html`. Its output also goes to the terminal (tee): the report's path and
+# the verdicts, the last lines of a workflow that made them.
 
 
 rule report:
@@ -58,4 +59,4 @@ rule report:
         "speedrun report --runs {input.records} --summary {input.summary} "
         "--comparisons {input.comparisons} --baseline {params.baseline} --target {params.target} "
         "--alpha {params.alpha} --zoom-last-fraction {params.zoom} --describe {params.describe} "
-        "--replicates {params.replicates} --out-dir results/report > {log} 2>&1"
+        "--replicates {params.replicates} --out-dir results/report 2>&1 | tee {log}"

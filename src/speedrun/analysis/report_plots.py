@@ -53,7 +53,15 @@ def _val_loss_axes(ax: Any, target: float) -> None:
     ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target}")
     ax.set_xlabel("step")
     ax.set_ylabel("val_loss")
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.grid(alpha=0.3)
+
+
+def _integer_ticks() -> Any:
+    """A tick locator that puts ticks on whole numbers only (steps, runs)."""
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def _zoom_from(steps: pd.Series, zoom_last_fraction: float) -> float:
@@ -217,6 +225,7 @@ def plot_p_value_by_n(summary: Sequence[Mapping[str, Any]], out: Path, alpha: fl
                 transform=ax.transAxes)
     ax.set_yscale("log")
     ax.set_xlabel("runs n")
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.set_ylabel("p(mean < target) at the observed mean and std")
     ax.set_title("p-value against the number of runs (dot: observed n; dotted: runs needed)")
     ax.grid(alpha=0.3, which="both")
