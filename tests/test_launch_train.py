@@ -87,6 +87,8 @@ def test_gpus_needed_by_device():
         lt.gpus_needed("cuda", 8, [])
     with pytest.raises(lt.LaunchError, match=r"expected 8 GPUs, found 4 \(0, 1, 2, 3\)"):
         lt.gpus_needed("cuda", 8, ["0", "1", "2", "3"])
+    with pytest.raises(lt.LaunchError, match=r"expected 1 GPU, found none"):
+        lt.gpus_needed("cuda", 1, [])
 
 
 # ---- GPU locks ---------------------------------------------------------------------------------------------------

@@ -41,6 +41,21 @@ def test_a_seed_made_text_by_snakemakes_config_is_not_blamed_on_quotes():
     assert "write 0 without quotes" in schema_error_message("config.yaml + other.yaml", error)
 
 
+@pytest.mark.parametrize("where", ["variant", "dataset"])
+def test_a_name_that_is_no_folder_name_is_told_the_rule_in_words(where):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    if where == "variant":
+        config["variants"]["my variant"] = config["variants"].pop("candidate")
+        key, value = "variants", "my variant"
+    else:
+        config["data"]["name"] = "my/data"
+        key, value = "data.name", "my/data"
+    message = schema_error_message("config.yaml", _schema_error(config))
+    assert message.startswith(f"config.yaml: {key}: '{value}' does not match ")
+    assert message.endswith("(a name is letters, digits, '_' and '-', starting with a letter or digit: it names a "
+                            "results/ folder)")
+
+
 def test_a_one_document_corpus_is_told_to_add_documents_not_shards(tmp_path):
     one_document = (np.arange(40000) % 97 + 1000)
     shards, bos = write_dataset(tmp_path, [one_document], shard_tokens=4096)     # its BOS in the val shard
