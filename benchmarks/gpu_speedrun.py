@@ -184,9 +184,10 @@ def profile_steps(config: TrainConfig, data: Path, out: Path, stop_step: int | N
     from speedrun.training.loop import _Run, last_step, train_step
     from speedrun.training.runlog import RunLog
 
-    if not 2 <= first < last_step(config, stop_step) - 1:
-        raise ValueError(f"the profiled steps {first} and {first + 1} must lie in 2..{last_step(config, stop_step) - 1} "
-                         f"(the run's trained steps past its first two)")
+    last_trained = last_step(config, stop_step) - 1
+    if not 2 <= first < last_trained:
+        raise ValueError(f"the profiled steps {first} and {first + 1} must lie in 2..{last_trained} (the run's "
+                         f"trained steps past its first two)")
     device = resolve_device(config.compute.device, 0)
     phases = RunPhases(sync=torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     run = _Run(config, 0, load_training_data(data / "shards", data / "bos"), device, Launch({}), RunLog(None),

@@ -155,7 +155,8 @@ def gpus_needed(device: Device, nproc: int, gpus: Sequence[str]) -> int:
         return 0
     if len(gpus) < nproc:
         found = f"{len(gpus)} ({', '.join(gpus)})" if gpus else "none"
-        raise LaunchError(f"train.device is {device!r} with {nproc} processes per node: expected {nproc} GPU{'s' if nproc != 1 else ''}, "
+        gpus_word = "GPU" if nproc == 1 else "GPUs"
+        raise LaunchError(f"train.device is {device!r} with {nproc} processes per node: expected {nproc} {gpus_word}, "
                           f"found {found} (CUDA_VISIBLE_DEVICES or nvidia-smi)")
     return nproc
 
