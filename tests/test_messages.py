@@ -109,3 +109,13 @@ def test_seeds_given_as_one_number_are_shown_as_the_list_they_may_mean():
     config["variants"]["candidate"]["seeds"] = 10
     assert schema_error_message("config.yaml", _schema_error(config)).endswith("[10] for seed 10, [0, 1, ..., 9] for "
                                                                                  "10 runs)")
+
+
+@pytest.mark.parametrize("text", ["0,1,2", "0, 1, 2", "0 1 2"])
+def test_seeds_written_as_text_are_shown_as_the_yaml_list(text):
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["variants"]["candidate"]["seeds"] = text
+    assert schema_error_message("config.yaml", _schema_error(config)) == (
+        f"config.yaml: variants.candidate.seeds: '{text}' is not of type 'array' (seeds is a YAML list: [0, 1, 2])")
+    config["variants"]["candidate"]["seeds"] = "all"                 # no integers: no list to suggest
+    assert schema_error_message("config.yaml", _schema_error(config)).endswith("is not of type 'array'")

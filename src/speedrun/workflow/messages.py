@@ -23,11 +23,15 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
     list or mapping (``--config 'variants={"baseline": {"seeds": [0]}}'``) to the workflow as text, so the hint
     says to set ``key`` in a ``--configfile`` instead. Otherwise :func:`speedrun.errors.number_text_hint`
     (``write 0 without quotes``); ``""`` for a value that is no number written as text. A variant's ``seeds``
-    given as one integer (``seeds: 3``) is shown as the list it may have meant."""
+    given as one integer (``seeds: 3``) or as text of integers (``seeds: 0,1,2``) is shown as the list it may
+    have meant."""
     if key.endswith(".seeds") and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         runs = ", ".join(map(str, range(value))) if value <= 4 else f"0, 1, ..., {value - 1}"
         more = f", [{runs}] for {value} runs" if value > 1 else ""
         return f" (seeds is a list, one run per seed: [{value}] for seed {value}{more})"
+    if key.endswith(".seeds") and isinstance(value, str) and value.replace(",", " ").split() and all(
+            part.isdigit() for part in value.replace(",", " ").split()):
+        return f" (seeds is a YAML list: [{', '.join(value.replace(',', ' ').split())}])"
     hint = number_text_hint(value)
     if not hint or "--config" not in config_files.replace("--configfile", ""):
         return hint
