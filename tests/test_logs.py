@@ -66,7 +66,7 @@ def test_our_complete_log(tmp_path):
     assert (r.val_loss, r.train_time_ms, r.step_avg_ms) == (7.25, 400.0, 100.0)
     assert (r.seed, r.variant, r.world_size, r.gpu, r.gpu_count) == (7, "cand", 1, None, 0)
     assert r.code_hash == hashlib.sha256(config.encode()).hexdigest()
-    assert r.peak_memory_mib == 123 and r.versions == {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": "None"}
+    assert r.peak_memory_mib == 123 and r.versions == {"python": "3.11.7", "torch": "2.13.0+cpu"}  # CPU build: no CUDA
     m = parsed.metrics
     assert list(m.columns) == list(METRIC_COLUMNS)
     assert list(m["kind"]) == ["val", "train", "train", "val", "train", "train", "val"]
@@ -401,6 +401,14 @@ def test_sub3min_grace_steps_and_versions():
     assert r.versions == {"python": "3.12.7", "torch": "2.7.0.dev20250110+cu126", "cuda": "12.6"}
     train = parsed.metrics[parsed.metrics.kind == "train"].set_index("step")
     assert train.loc[10, "train_time_ms"] > 10_000 > train.loc[11, "train_time_ms"]  # the timer restarts at 11
+
+
+def test_a_cpu_build_of_torch_has_no_cuda_version():
+    from speedrun.analysis.provenance import versions
+
+    meta = "Running Python 3.11.7 (main)\nRunning PyTorch 2.13.0+cpu compiled for CUDA None\n"
+    assert versions(meta) == {"python": "3.11.7", "torch": "2.13.0+cpu"}
+    assert versions(meta.replace("+cpu", "+cu130").replace("None", "13.0"))["cuda"] == "13.0"
 
 
 @needs_reference

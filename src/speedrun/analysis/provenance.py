@@ -55,12 +55,14 @@ def sha256(data: bytes | str) -> str:
 
 def versions(meta: str) -> dict[str, str]:
     """``python``, ``torch``, ``cuda`` and ``triton`` versions from the ``Running ...`` lines (absent keys
-    when a line is missing)."""
+    when a line is missing; no ``cuda`` for a CPU build of torch, ``compiled for CUDA None``)."""
     out = {}
     if m := _PYTHON_RE.search(meta):
         out["python"] = m.group(1)
     if m := _TORCH_RE.search(meta):
-        out["torch"], out["cuda"] = m.group(1), m.group(2)
+        out["torch"] = m.group(1)
+        if m.group(2) != "None":                     # a CPU build of torch: torch.version.cuda is None
+            out["cuda"] = m.group(2)
     if m := _TRITON_RE.search(meta):
         out["triton"] = m.group(1)
     return out
