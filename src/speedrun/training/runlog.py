@@ -9,9 +9,10 @@ Rank 0 writes, in order: ``key: value`` header lines, a line of exactly 100 ``=`
 
 :class:`RunLog` writes to a temporary file beside the final path (flushed line by line, so it can be
 tailed) and renames it to the final path only in :meth:`RunLog.finish`: a file under the final name is
-always a whole log. The log of a run stopped by a signal goes to :func:`stopped_path` instead (``seed0.txt.stopped``):
-a stopped run is not done, and Snakemake, interrupted with its jobs (Ctrl-C), does not remove the outputs of the
-jobs it was running (snakemake/snakemake#1871), so a log under the final name would stand as the run's result.
+always a whole log. The log of a run stopped by a signal goes to :func:`stopped_path` instead
+(``seed0.txt.stopped``): a stopped run is not done, and Snakemake, interrupted with its jobs (Ctrl-C), does not
+remove the outputs of the jobs it was running (snakemake/snakemake#1871), so a log under the final name would
+stand as the run's result.
 """
 
 from __future__ import annotations

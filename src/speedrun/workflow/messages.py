@@ -29,9 +29,9 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
         runs = ", ".join(map(str, range(value))) if value <= 4 else f"0, 1, ..., {value - 1}"
         more = f", [{runs}] for {value} runs" if value > 1 else ""
         return f" (seeds is a list, one run per seed: [{value}] for seed {value}{more})"
-    if key.endswith(".seeds") and isinstance(value, str) and value.replace(",", " ").split() and all(
-            part.isdigit() for part in value.replace(",", " ").split()):
-        return f" (seeds is a YAML list: [{', '.join(value.replace(',', ' ').split())}])"
+    parts = value.replace(",", " ").split() if isinstance(value, str) else []
+    if key.endswith(".seeds") and parts and all(part.isdigit() for part in parts):
+        return f" (seeds is a YAML list: [{', '.join(parts)}])"
     hint = number_text_hint(value)
     if not hint or "--config" not in config_files.replace("--configfile", ""):
         return hint
