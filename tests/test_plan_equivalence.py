@@ -33,6 +33,8 @@ the FineWeb train jobs' --config gain "loss_units":"micro_batch_sum"; nothing el
 each of the 22 changed lines equals its old self with that item added).
 And for the records' bf16 weights (``weight_dtype: bfloat16``, record #57): the FineWeb train jobs' --config gain
 "weight_dtype":"bfloat16"; nothing else changed (checked by script as above, 22 lines).
+And for the report's lines in the terminal (2026-12-07): the report job's shell ends ``2>&1 | tee
+logs/report/report.log`` instead of ``> logs/report/report.log 2>&1``; nothing else changed (one line a fixture).
 """
 
 from __future__ import annotations
