@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -110,68 +111,60 @@ def _recover_and_plan(workdir: Path) -> dict[str, int]:
     return plain
 
 
-def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(tmp_path):
+@pytest.fixture
+def workdir(tmp_path) -> Iterator[Path]:
+    """A copy of the workflow (Snakefile, workflow/, src/) with :func:`_config` in ``tmp_path``; the processes
+    that a test started there and left behind are killed at its end."""
     workdir = tmp_path.resolve()
     shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
     shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
     _write_config(workdir, _config())
-    try:
-        # 1. The whole process group killed while `slow` trains, after `baseline` finished.
-        proc = _start(workdir)
-        _wait_until_slow_trains(workdir, proc, set())
-        finished = (workdir / TARGETS[0]).read_bytes()
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert _all_end(workdir) == [], "training processes outlived the killed process group"
-        assert _recover_and_plan(workdir) == {"train": 1}          # slow only: baseline is kept
-        # 2. The README's rerun, killed again, Snakemake alone (its job shells and torchrun stay in its group).
-        stale = _slow_temporary_logs(workdir)
-        proc = _start(workdir)
-        _wait_until_slow_trains(workdir, proc, stale)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert _all_end(workdir) == [], "training processes outlived Snakemake (orphans)"
-        assert _recover_and_plan(workdir) == {"train": 1}
-        assert (workdir / TARGETS[0]).read_bytes() == finished
-    finally:
-        for pid in _processes_in(workdir):                        # what this test started and left behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    yield workdir
+    for pid in _processes_in(workdir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-def test_ctrl_c_stops_the_training_and_the_next_call_reruns_only_the_stopped_run(tmp_path):
+def test_a_killed_workflow_ends_its_training_and_reruns_only_the_killed_run(workdir):
+    # 1. The whole process group killed while `slow` trains, after `baseline` finished.
+    proc = _start(workdir)
+    _wait_until_slow_trains(workdir, proc, set())
+    finished = (workdir / TARGETS[0]).read_bytes()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _all_end(workdir) == [], "training processes outlived the killed process group"
+    assert _recover_and_plan(workdir) == {"train": 1}          # slow only: baseline is kept
+    # 2. The README's rerun, killed again, Snakemake alone (its job shells and torchrun stay in its group).
+    stale = _slow_temporary_logs(workdir)
+    proc = _start(workdir)
+    _wait_until_slow_trains(workdir, proc, stale)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _all_end(workdir) == [], "training processes outlived Snakemake (orphans)"
+    assert _recover_and_plan(workdir) == {"train": 1}
+    assert (workdir / TARGETS[0]).read_bytes() == finished
+
+
+def test_ctrl_c_stops_the_training_and_the_next_call_reruns_only_the_stopped_run(workdir):
     """Ctrl-C in the terminal (SIGINT to Snakemake and its jobs, the whole process group): the runs end, the
     stopped run leaves its log as ``seed0.txt.stopped`` and nothing under its output's name (an interrupted
     Snakemake does not remove what its jobs wrote, snakemake/snakemake#1871, so a log there would be refused as
     incomplete, or taken as done after ``--cleanup-metadata``), and the next plain call, with no flag and no
     ``--unlock``, reruns that run alone (README "Recovering from a crash")."""
-    workdir = tmp_path.resolve()
-    shutil.copy(ROOT / "Snakefile", workdir / "Snakefile")
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    shutil.copytree(ROOT / "workflow", workdir / "workflow", ignore=ignore)
-    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
-    _write_config(workdir, _config())
-    try:
-        proc = _start(workdir)
-        _wait_until_slow_trains(workdir, proc, set())
-        finished = (workdir / TARGETS[0]).read_bytes()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=120)
-        assert _all_end(workdir) == [], "training processes outlived Ctrl-C"
-        slow = workdir / "results/train/slow"
-        assert sorted(p.name for p in slow.iterdir()) == ["seed0.txt.stopped"], sorted(slow.iterdir())
-        assert (slow / "seed0.txt.stopped").read_text().splitlines()[-1] == "run failed: interrupted by SIGINT"
-        planned = _snakemake(workdir, "-n", *TARGETS)
-        assert planned.returncode == 0, planned.stderr
-        assert _planned_jobs(planned) == {"train": 1}
-        assert (workdir / TARGETS[0]).read_bytes() == finished
-    finally:
-        for pid in _processes_in(workdir):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    proc = _start(workdir)
+    _wait_until_slow_trains(workdir, proc, set())
+    finished = (workdir / TARGETS[0]).read_bytes()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    assert _all_end(workdir) == [], "training processes outlived Ctrl-C"
+    slow = workdir / "results/train/slow"
+    assert sorted(p.name for p in slow.iterdir()) == ["seed0.txt.stopped"], sorted(slow.iterdir())
+    assert (slow / "seed0.txt.stopped").read_text().splitlines()[-1] == "run failed: interrupted by SIGINT"
+    planned = _snakemake(workdir, "-n", *TARGETS)
+    assert planned.returncode == 0, planned.stderr
+    assert _planned_jobs(planned) == {"train": 1}
+    assert (workdir / TARGETS[0]).read_bytes() == finished
