@@ -178,18 +178,17 @@ def console_lines(summary: Sequence[Mapping[str, Any]], comparisons: Sequence[Ma
     (``incomplete``: status -> count, e.g. ``not counted: 1 diverged``); per
     candidate :func:`comparison_verdict` against its baseline, e.g. ``candidate against baseline: no: does not
     reach the target, not faster (p=0.4568)``."""
+    reaches = {g["group"]: _reaches(g, alpha) for g in summary}
     lines = []
     for g in summary:
-        reaches = _reaches(g, alpha)
         verdict = {True: f"reaches the target {target:g}", False: f"does not reach the target {target:g}",
-                   None: "target not decided"}[reaches]
-        if reaches is False and g.get("runs_needed") is not None:
+                   None: "target not decided"}[reaches[g["group"]]]
+        if reaches[g["group"]] is False and g.get("runs_needed") is not None:
             verdict += f" ({g['runs_needed']} runs would, at this mean and std)"
         skipped = ", ".join(f"{n} {status}" for status, n in (g.get("incomplete") or {}).items() if n)
         line = (f"{g['group']}: {g.get('n', 0)} counted runs, val_loss {_fmt(g.get('val_loss_mean'))} ± "
                 f"{_fmt(g.get('val_loss_std'))}, p={_p_cell(g)}: {verdict}")
         lines.append(line + (f"; not counted: {skipped}" if skipped else ""))
-    reaches = {g["group"]: _reaches(g, alpha) for g in summary}
     lines += [f"{c['candidate']} against {c['baseline']}: "
               f"{comparison_verdict(c, reaches.get(c['candidate']), alpha).replace('**', '')}" for c in comparisons]
     return lines
