@@ -449,18 +449,14 @@ def schema_error_message(config_files: str, error: BaseException) -> str:
         return f"{config_files}: {error}"
     key = ".".join(str(part) for part in found.absolute_path) or "(the top level)"
     return f"{config_files}: {key}: {found.message}{schema_value_hint(config_files, key, found.instance)}" \
-           f"{_unexpected_key_hint(found)}{_name_pattern_hint(found)}"
+           f"{_unexpected_key_hint(found)}{_pattern_hint(found)}"
 
 
-# The schema's pattern of a name that becomes a folder of results/ (a variant, a dataset).
-NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]*$"
-
-
-def _name_pattern_hint(found: Any) -> str:
-    """For a name that fails :data:`NAME_PATTERN`: the rule in words, else ``""``."""
-    if found.validator != "pattern" or found.validator_value != NAME_PATTERN:
-        return ""
-    return " (a name is letters, digits, '_' and '-', starting with a letter or digit: it names a results/ folder)"
+def _pattern_hint(found: Any) -> str:
+    """For a value that fails a schema's ``pattern``: that schema's description in parentheses (for a name,
+    the schema's ``$defs/name``: the rule in words), else ``""``."""
+    description = found.schema.get("description") if isinstance(found.schema, Mapping) else None
+    return f" ({description.strip()})" if found.validator == "pattern" and description else ""
 
 
 def _unexpected_key_hint(found: Any) -> str:
