@@ -2,8 +2,11 @@
 reference it replaces on CUDA: in Triton's interpreter on the CPU (a child process, tests/triton_interpreter.py)
 and on CUDA (``gpu`` mark). Three steps of fp32 and bf16 parameters, with and without cautious decay, a size
 that is no multiple of the kernel's block; the eager update is itself tested against the records' formula in
-tests/test_optim.py and tests/test_bf16_weights.py. The many-parameter launch (``cautious_adam_many_``, the
-step's small parameters) against the one-parameter kernel, bit for bit."""
+tests/test_optim.py and tests/test_bf16_weights.py (C-Optim's in tests/test_record87_optimizer.py). The
+many-parameter launch (``cautious_adam_many_``, the step's small parameters) against the one-parameter kernel,
+bit for bit. The two-pass C-Optim kernel (``cautious_adam_coptim_``, record #87) against the eager update with a
+C-Optim group: random gradients (about half the signs agree, counted over three blocks), and a gradient that
+turns against the momentum (no sign agrees: the mask mean clamped at 1e-3)."""
 
 from __future__ import annotations
 
@@ -23,26 +26,48 @@ CASES = {  # name: (numel, dtype, weight decay)
     "bf16-no-decay": (1, torch.bfloat16, 0.0),
 }
 SETTINGS = dict(lr=0.05, betas=(0.75, 0.95), eps=1e-10)
+COPTIM_CASES = {  # name: (numel, dtype, weight decay, C-Optim strength, gradients: "random" or "against")
+    "coptim-fp32": (5000, torch.float32, 5.0, 0.5, "random"),
+    "coptim-bf16": (2048 * 3 + 7, torch.bfloat16, 5.0, 0.5, "random"),
+    "coptim-fp32-against": (3000, torch.float32, 0.0, 0.5, "against"),
+}
+# in the interpreter, fp32 only: its bf16 rounding truncates (see _interpreter_child), and one step of bf16 agrees
+# everywhere (m and g share their signs), so C-Optim would not move it; bf16 runs on the GPU (three steps)
+INTERPRETED_COPTIM = [name for name, case in COPTIM_CASES.items() if case[1] == torch.float32]
 
 
-def run_case(numel, dtype, weight_decay, fused, steps=3):
-    """``steps`` steps of CautiousAdam from one seed: the eager update, or the kernel for every step."""
-    g = torch.Generator().manual_seed(numel)
+def case_gradients(numel, dtype, steps, seed, kind="random"):
+    """The parameter and ``steps`` gradients of a case: random; or "against", a gradient and then -0.05 times
+    it, so that at the second step every coordinate's momentum (β1 0.75) still points the first way."""
+    g = torch.Generator().manual_seed(seed)
     p = torch.nn.Parameter((torch.randn(numel, generator=g) * 0.1).to(dtype))
     grads = [torch.randn(numel, generator=g).to(dtype) for _ in range(steps)]
-    opt = CautiousAdam([p], weight_decay=weight_decay, **SETTINGS)
+    if kind == "against":
+        grads = [grads[0], (-0.05 * grads[0].float()).to(dtype)][:steps]
+    return p, grads
+
+
+def run_case(numel, dtype, weight_decay, fused, steps=3, coptim=0.0, kind="random"):
+    """``steps`` steps of CautiousAdam from one seed (C-Optim of strength ``coptim`` where > 0): the eager
+    update, or the kernel for every step."""
+    p, grads = case_gradients(numel, dtype, steps, numel, kind)
+    opt = CautiousAdam([{"params": [p], "coptim": coptim}], weight_decay=weight_decay, **SETTINGS)
     for t, grad in enumerate(grads, 1):
         p.grad = grad
         if fused:
-            from speedrun.kernels.adam import cautious_adam_
+            from speedrun.kernels.adam import cautious_adam_, cautious_adam_coptim_
 
             state = opt.state[p]
             if not state:
                 state.update(step=0, exp_avg=torch.zeros(numel), exp_avg_sq=torch.zeros(numel))
             state["step"] = t
             lr = SETTINGS["lr"]
-            cautious_adam_(p.data, grad, state["exp_avg"], state["exp_avg_sq"], *SETTINGS["betas"], SETTINGS["eps"],
-                           lr * (1 - 0.95 ** t) ** 0.5 / (1 - 0.75 ** t), lr * lr * weight_decay)
+            args = (p.data, grad, state["exp_avg"], state["exp_avg_sq"], *SETTINGS["betas"], SETTINGS["eps"],
+                    lr * (1 - 0.95 ** t) ** 0.5 / (1 - 0.75 ** t), lr * lr * weight_decay)
+            if coptim:
+                cautious_adam_coptim_(*args, coptim)
+            else:
+                cautious_adam_(*args)
         else:
             opt.step()
     state = opt.state[p]
@@ -57,6 +82,10 @@ def _interpreter_child(out_path: Path) -> None:
     for name, (numel, dtype, decay) in CASES.items():
         steps = 3 if dtype == torch.float32 else 1
         results[name] = tuple(run_case(numel, dtype, decay, fused, steps) for fused in (True, False))
+    for name in INTERPRETED_COPTIM:
+        numel, dtype, decay, coptim, kind = COPTIM_CASES[name]
+        steps = 3 if kind == "random" else 2
+        results[name] = tuple(run_case(numel, dtype, decay, fused, steps, coptim, kind) for fused in (True, False))
     results["many"] = run_many()
     torch.save(results, out_path)
 
@@ -133,6 +162,36 @@ def test_interpreted_many_parameter_launch_equals_one_launch_per_parameter(inter
         assert torch.equal(m, m1) and torch.equal(v, v1)
 
 
+def coptim_mask_mean(numel, dtype, steps, kind):
+    """The fraction of coordinates whose eager step at the last of ``steps`` agrees in sign with the gradient (the
+    C-Optim mask's mean, before its clamp), recomputed from the case's gradients."""
+    _, grads = case_gradients(numel, dtype, steps, numel, kind)
+    beta1, beta2 = SETTINGS["betas"]
+    m, v = torch.zeros(numel), torch.zeros(numel)
+    for grad in grads:
+        m = beta1 * m + (1 - beta1) * grad.float()
+        v = beta2 * v + (1 - beta2) * grad.float() ** 2
+    return ((m / (v.sqrt() + SETTINGS["eps"]) * grads[-1].float()) > 0).float().mean().item()
+
+
+@pytest.mark.parametrize("name", INTERPRETED_COPTIM)
+def test_interpreted_coptim_kernel_matches_the_eager_coptim_update(interpreted, name):
+    """The two-pass kernel against CautiousAdam's eager C-Optim update: the same moments and parameters (fp32: a
+    few ulps), a mask mean of about one half over three blocks or of zero (every
+    step against its gradient: the 1e-3 clamp), and a result that C-Optim moved (not the plain update's)."""
+    fused, eager = interpreted[name]
+    numel, dtype, decay, coptim, kind = COPTIM_CASES[name]
+    steps = 3 if kind == "random" else 2
+    assert_same_update(fused, eager, (numel, dtype, decay), steps=steps)
+    mean = coptim_mask_mean(numel, dtype, steps, kind)
+    if kind == "random":
+        assert 0.3 < mean < 0.9
+    else:
+        assert mean == 0.0
+    plain = run_case(numel, dtype, decay, fused=False, steps=steps, coptim=0.0, kind=kind)[0]
+    assert not torch.equal(eager[0], plain)
+
+
 def test_the_many_parameter_launch_rejects_a_large_or_mismatched_parameter():
     pytest.importorskip("triton")
     from speedrun.kernels.adam import MANY_MAX_NUMEL, cautious_adam_many_
@@ -182,6 +241,37 @@ def test_cuda_step_takes_the_kernel_and_matches_the_eager_update(name):
     state, ref = fused.state[cuda], eager.state[p]
     assert_same_update((cuda.detach().cpu(), state["exp_avg"].cpu(), state["exp_avg_sq"].cpu()),
                        (p.detach(), ref["exp_avg"], ref["exp_avg_sq"]), CASES[name])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(COPTIM_CASES))
+def test_cuda_coptim_step_takes_the_two_pass_kernel_and_matches_the_eager_update(name, monkeypatch):
+    """CautiousAdam.step on CUDA with a C-Optim group (a small parameter too, which must not go to the
+    many-parameter launch that has no mask): the two-pass kernel for each, the eager update's values."""
+    import speedrun.optim.adam as adam
+    from speedrun.kernels.adam import cautious_adam_coptim_
+
+    numel, dtype, decay, coptim, kind = COPTIM_CASES[name]
+    steps = 3 if kind == "random" else 2
+    p, grads = case_gradients(numel, dtype, steps, numel, kind)
+    small, small_grads = case_gradients(72, dtype, steps, 72, kind)
+    calls = []
+    monkeypatch.setattr(adam, "_FUSED_COPTIM", lambda *a: calls.append(a[0].numel()) or cautious_adam_coptim_(*a))
+    on_cuda = [torch.nn.Parameter(q.detach().cuda()) for q in (p, small)]
+    eager = CautiousAdam([{"params": [p, small], "coptim": coptim}], weight_decay=decay, **SETTINGS)
+    fused = CautiousAdam([{"params": on_cuda, "coptim": coptim}], weight_decay=decay, **SETTINGS)
+    for grad, small_grad in zip(grads, small_grads):
+        p.grad, small.grad = grad, small_grad
+        on_cuda[0].grad, on_cuda[1].grad = grad.cuda(), small_grad.cuda()
+        eager.step()
+        fused.step()
+    assert calls == [numel, 72] * steps
+    for q, ref, size in ((on_cuda[0], p, numel), (on_cuda[1], small, 72)):
+        state, ref_state = fused.state[q], eager.state[ref]
+        assert_same_update((q.detach().cpu(), state["exp_avg"].cpu(), state["exp_avg_sq"].cpu()),
+                           (ref.detach(), ref_state["exp_avg"], ref_state["exp_avg_sq"]), (size, dtype, 0.0),
+                           steps=steps)
 
 
 @pytest.mark.gpu

@@ -10,9 +10,15 @@ This kernel is that one pass, per element in fp32:
     s <- s + decay·p   where s·p > 0
     p <- round(p - s)  (to p's dtype: one rounding for bf16 weights, as the records)
 
-with ``step_size = lr·sqrt(1-β2^t)/(1-β1^t)`` and ``decay = lr²·λ`` computed by the caller. The sign-agreement
-mask of C-Optim (record #87) needs the mean of a mask over the whole tensor first; the caller keeps the eager
-path for it.
+with ``step_size = lr·sqrt(1-β2^t)/(1-β1^t)`` and ``decay = lr²·λ`` computed by the caller.
+
+:func:`cautious_adam_coptim_` adds C-Optim's sign-agreement mask (record #87, its value-embedding and bigram
+tables): ``s <- s·((1 - c) + c·k / max(mean(k), 1e-3))`` with ``k = [m/(sqrt(v)+eps)·g > 0]``, the mean over the
+whole tensor. The mean needs every element before any is updated, so it takes two passes: the first computes the
+new moments without storing them and counts the agreeing elements into one int32 on the GPU; the second is the
+pass above with the scale (7 reads and 3 writes per element against the one-pass update's 4 and 3, and no host
+sync). The eager update it replaces is about twenty full passes over fp32 tensors: on record #87's 338M table
+elements, 26 ms on every Adam step of an H100 (docs/benchmarks.md, session 42).
 
 :func:`cautious_adam_many_` applies the same pass to many small parameters in one launch (one program per
 parameter, its addresses read from a table): the records' scalars, gates and lambdas are about forty tensors of
@@ -33,15 +39,28 @@ _DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16
 
 
 @triton.jit
-def _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps, step_size, decay):
-    """The update (module docstring) of the elements at ``offsets`` where ``mask``, in place."""
-    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+def _moments(g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps):
+    """The gradient g (fp32), the new moments m and v and the unscaled step m / (sqrt(v) + eps) of the elements at
+    ``offsets`` (0 where not ``mask``); nothing stored."""
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(m_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
     m = m + (1.0 - beta1) * (g - m)
     v = beta2 * v + (1.0 - beta2) * (g * g)
-    step = step_size * (m / (tl.sqrt_rn(v) + eps))
+    return g, m, v, m / (tl.sqrt_rn(v) + eps)
+
+
+@triton.jit
+def _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps, step_size, decay,
+                         coptim, keep_mean, COPTIM: tl.constexpr):
+    """The update (module docstring) of the elements at ``offsets`` where ``mask``, in place; with ``COPTIM``,
+    C-Optim's scale of strength ``coptim`` and mask mean ``keep_mean`` (already clamped) on the step."""
+    p = tl.load(p_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    g, m, v, update = _moments(g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps)
+    if COPTIM:
+        keep = tl.where(update * g > 0, 1.0, 0.0)
+        update = update * ((1.0 - coptim) + coptim * keep / keep_mean)
+    step = step_size * update
     step = tl.where(step * p > 0, step + decay * p, step)
     tl.store(m_ptr + offsets, m, mask=mask)
     tl.store(v_ptr + offsets, v, mask=mask)
@@ -63,7 +82,8 @@ def _cautious_adam_many_kernel(table_ptr, hyper_ptr, P_DTYPE: tl.constexpr, G_DT
     eps, step_size, decay = tl.load(hyper_ptr + row + 2), tl.load(hyper_ptr + row + 3), tl.load(hyper_ptr + row + 4)
     for start in range(0, n, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
-        _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay)
+        _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay,
+                             0.0, 1.0, COPTIM=False)
 
 
 @triton.jit
@@ -71,7 +91,40 @@ def _cautious_adam_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, beta1, beta2, eps, step
                           BLOCK: tl.constexpr):
     """Elements [pid·BLOCK, (pid+1)·BLOCK) of the flat tensors, updated in place (module docstring)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay)
+    _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay,
+                         0.0, 1.0, COPTIM=False)
+
+
+@triton.jit
+def _coptim_count_kernel(g_ptr, m_ptr, v_ptr, count_ptr, n, beta1, beta2, eps, BLOCK: tl.constexpr):
+    """C-Optim's first pass: add to ``count`` the number of elements of block pid whose new step agrees in sign
+    with the gradient (moments computed, not stored)."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    g, _, _, update = _moments(g_ptr, m_ptr, v_ptr, offsets, mask, beta1, beta2, eps)
+    tl.atomic_add(count_ptr, tl.sum(tl.where(mask & (update * g > 0), 1, 0)))
+
+
+@triton.jit
+def _cautious_adam_coptim_kernel(p_ptr, g_ptr, m_ptr, v_ptr, count_ptr, n, beta1, beta2, eps, step_size, decay,
+                                 coptim, BLOCK: tl.constexpr):
+    """C-Optim's second pass: block pid updated in place with the mask mean read from ``count``."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep_mean = tl.maximum(tl.load(count_ptr).to(tl.float32) / n, 1e-3)
+    _cautious_adam_block(p_ptr, g_ptr, m_ptr, v_ptr, offsets, offsets < n, beta1, beta2, eps, step_size, decay,
+                         coptim, keep_mean, COPTIM=True)
+
+
+def _check_one(name: str, p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+               exp_avg_sq: torch.Tensor) -> None:
+    """The argument checks of :func:`cautious_adam_` and :func:`cautious_adam_coptim_`."""
+    tensors = (p, grad, exp_avg, exp_avg_sq)
+    require(all(t.shape == p.shape and t.is_contiguous() and t.device == p.device for t in tensors),
+            lambda: f"{name}: p, grad, exp_avg, exp_avg_sq must be contiguous, of one shape and device, "
+            f"got {[(tuple(t.shape), t.is_contiguous(), str(t.device)) for t in tensors]}")
+    require(p.dtype in (torch.bfloat16, torch.float16, torch.float32) and grad.is_floating_point()
+            and exp_avg.dtype == exp_avg_sq.dtype == torch.float32,
+            lambda: f"{name}: p must be bf16, fp16 or fp32 with fp32 moments, got {[t.dtype for t in tensors]}")
 
 
 def cautious_adam_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -80,19 +133,32 @@ def cautious_adam_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
     p's shape, any float dtype; exp_avg, exp_avg_sq: p's shape, fp32 (updated in place); all contiguous on one
     device (CUDA, or a CPU under ``TRITON_INTERPRET=1``). step_size: lr·sqrt(1-β2^t)/(1-β1^t); decay: lr²·λ
     (0 for none). Raises :class:`SpeedrunError` on other shapes, dtypes, layouts or devices."""
-    tensors = (p, grad, exp_avg, exp_avg_sq)
-    require(all(t.shape == p.shape and t.is_contiguous() and t.device == p.device for t in tensors),
-            lambda: f"cautious_adam_: p, grad, exp_avg, exp_avg_sq must be contiguous, of one shape and device, "
-            f"got {[(tuple(t.shape), t.is_contiguous(), str(t.device)) for t in tensors]}")
-    require(p.dtype in (torch.bfloat16, torch.float16, torch.float32) and grad.is_floating_point()
-            and exp_avg.dtype == exp_avg_sq.dtype == torch.float32,
-            lambda: f"cautious_adam_: p must be bf16, fp16 or fp32 with fp32 moments, got "
-            f"{[t.dtype for t in tensors]}")
+    _check_one("cautious_adam_", p, grad, exp_avg, exp_avg_sq)
     n = p.numel()
     if n:
         _cautious_adam_kernel[(triton.cdiv(n, BLOCK),)](p, grad, exp_avg, exp_avg_sq, n, float(beta1),
                                                         float(beta2), float(eps), float(step_size),
                                                         float(decay), BLOCK=BLOCK, num_warps=4)
+
+
+def cautious_adam_coptim_(p: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                          beta1: float, beta2: float, eps: float, step_size: float, decay: float,
+                          coptim: float) -> None:
+    """One cautious-Adam update of ``p`` in place with C-Optim's sign-agreement mask of strength ``coptim`` in
+    [0, 1] (record #87; module docstring), in two passes and without a host sync: the arguments of
+    :func:`cautious_adam_`, at most 2^31 - 1 elements (the count is an int32). Raises :class:`SpeedrunError` on
+    other shapes, dtypes, layouts, devices or sizes."""
+    _check_one("cautious_adam_coptim_", p, grad, exp_avg, exp_avg_sq)
+    n = p.numel()
+    require(n < 2 ** 31, lambda: f"cautious_adam_coptim_: at most 2^31 - 1 elements, got {n}")
+    if n:
+        count = torch.zeros(1, dtype=torch.int32, device=p.device)
+        grid = (triton.cdiv(n, BLOCK),)
+        _coptim_count_kernel[grid](grad, exp_avg, exp_avg_sq, count, n, float(beta1), float(beta2), float(eps),
+                                   BLOCK=BLOCK, num_warps=4)
+        _cautious_adam_coptim_kernel[grid](p, grad, exp_avg, exp_avg_sq, count, n, float(beta1), float(beta2),
+                                           float(eps), float(step_size), float(decay), float(coptim),
+                                           BLOCK=BLOCK, num_warps=4)
 
 
 def cautious_adam_many_(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],

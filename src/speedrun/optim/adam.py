@@ -15,6 +15,7 @@ from speedrun.optim.base import PerParameterOptimizer
 # the one-pass CUDA update (None without the triton package); torch.compile does not trace the optimizers
 _FUSED_UPDATE = optional_kernel("adam", "cautious_adam_")
 _FUSED_MANY = optional_kernel("adam", "cautious_adam_many_")          # the same, many small parameters per launch
+_FUSED_COPTIM = optional_kernel("adam", "cautious_adam_coptim_")      # with C-Optim's mask, in two passes
 _MANY_MAX_NUMEL = optional_kernel("adam", "MANY_MAX_NUMEL")              # its largest parameter
 
 
@@ -57,11 +58,11 @@ class CautiousAdam(PerParameterOptimizer):
     value-embedding and bigram tables): the coordinates whose step disagrees with the gradient's sign are damped,
     the others scaled up by 1/mean(k), the mean over the whole tensor. Parameters of any shape and float dtype
     (the new p is computed in fp32 and rounded once to p's dtype: for the records' bf16 weights, as their
-    ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. On CUDA, a group without
-    C-Optim updates each parameter in one pass of :func:`speedrun.kernels.adam.cautious_adam_` (the same
-    formula; the records compile theirs into one kernel), the small ones together in one launch
-    (:func:`speedrun.kernels.adam.cautious_adam_many_`, :meth:`step`), elsewhere the eager update below. Raises
-    ``ValueError`` on an invalid hyperparameter.
+    ``_adam_update_step``); ``lr``, ``eps`` and ``coptim`` (default 0) per group. On CUDA each parameter is
+    updated in one pass of :func:`speedrun.kernels.adam.cautious_adam_` (the same formula; the records compile
+    theirs into one kernel), the small ones together in one launch (:func:`speedrun.kernels.adam.cautious_adam_many_`,
+    :meth:`step`), and a group with C-Optim in the two passes of :func:`speedrun.kernels.adam.cautious_adam_coptim_`;
+    elsewhere the eager update below. Raises ``ValueError`` on an invalid hyperparameter.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.008, betas: tuple[float, float] = (0.9, 0.95),
@@ -74,8 +75,8 @@ class CautiousAdam(PerParameterOptimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """One update of every parameter that has a gradient (:meth:`_update`), except that on CUDA the small ones
-        the one-pass kernel takes (at most 65,536 elements: the records' scalars, gates, lambdas and MUDD weights)
-        are collected and updated together in one launch per dtype pair
+        the one-pass kernel takes (at most 65,536 elements, in a group without C-Optim: the records' scalars, gates,
+        lambdas and MUDD weights) are collected and updated together in one launch per dtype pair
         (:func:`speedrun.kernels.adam.cautious_adam_many_`, the same values). Returns ``closure()`` if given."""
         loss = None
         if closure is not None:
@@ -86,7 +87,8 @@ class CautiousAdam(PerParameterOptimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if _FUSED_MANY is not None and p.numel() <= _MANY_MAX_NUMEL and self._fused(p, group):
+                if (_FUSED_MANY is not None and p.numel() <= _MANY_MAX_NUMEL and not group.get("coptim", 0.0)
+                        and self._fused(p, group)):
                     many.append((p, self._advance(p, group)))
                 else:
                     self._update(p, group)
@@ -102,15 +104,17 @@ class CautiousAdam(PerParameterOptimizer):
         parameters, on scratch tensors of 16 elements (Triton specializes on the dtypes and on sizes divisible by
         16, as the real ones are): the first update then compiles nothing inside the timed run. No parameter or
         state changes; nothing off CUDA or without Triton."""
-        fused = [p for group in self.param_groups if not group.get("coptim", 0.0)
+        fused = [(p, bool(group.get("coptim", 0.0))) for group in self.param_groups
                  for p in group["params"] if p.is_cuda and p.dtype != torch.float64]
-        device = fused[0].device if fused else None
-        for dtype in {p.dtype for p in fused}:
+        device = fused[0][0].device if fused else None
+        for dtype, coptim in {(p.dtype, coptim) for p, coptim in fused}:
             p, m, v = torch.zeros(16, dtype=dtype, device=device), *torch.zeros(2, 16, device=device)
             settings = (0.9, 0.95, 1e-8, 0.0, 0.0)                    # a zero step: the scratch stays zero
-            if _FUSED_UPDATE is not None:
+            if coptim and _FUSED_COPTIM is not None:
+                _FUSED_COPTIM(p, p.clone(), m, v, *settings, 0.5)
+            if not coptim and _FUSED_UPDATE is not None:
                 _FUSED_UPDATE(p, p.clone(), m, v, *settings)
-            if _FUSED_MANY is not None:
+            if not coptim and _FUSED_MANY is not None:
                 _FUSED_MANY([p], [p.clone()], [m], [v], [settings])
 
     def _advance(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[float, float, float, float, float]:
@@ -129,22 +133,29 @@ class CautiousAdam(PerParameterOptimizer):
 
     @staticmethod
     def _fused(p: torch.Tensor, group: dict[str, Any]) -> bool:
-        """Whether the one-pass kernel updates ``p``: on CUDA, without C-Optim, not fp64, contiguous."""
-        return (p.is_cuda and not group.get("coptim", 0.0) and p.dtype != torch.float64 and p.is_contiguous()
+        """Whether a kernel updates ``p``: on CUDA, not fp64, contiguous; the one-pass kernel without C-Optim,
+        the two-pass one with it."""
+        kernel = _FUSED_COPTIM if group.get("coptim", 0.0) else _FUSED_UPDATE
+        return (kernel is not None and p.is_cuda and p.dtype != torch.float64 and p.is_contiguous()
                 and p.grad.is_contiguous())
 
     def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         beta1, beta2, eps, step_size, decay = self._advance(p, group)
         state = self.state[p]
-        if _FUSED_UPDATE is not None and self._fused(p, group):
-            _FUSED_UPDATE(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, eps, step_size, decay)
+        strength = group.get("coptim", 0.0)
+        if self._fused(p, group):
+            if strength:
+                _FUSED_COPTIM(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, eps, step_size,
+                              decay, strength)
+            else:
+                _FUSED_UPDATE(p, p.grad, state["exp_avg"], state["exp_avg_sq"], beta1, beta2, eps, step_size,
+                              decay)
             return
         grad = p.grad.float()
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.lerp_(grad, 1.0 - beta1)
         v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         update = m / (v.sqrt() + eps)
-        strength = group.get("coptim", 0.0)
         if strength:
             keep = ((update * grad) > 0).float()                  # C-Optim (record #87): agreeing coordinates
             update = update * ((1.0 - strength) + strength * keep / keep.mean().clamp_min(1e-3))
