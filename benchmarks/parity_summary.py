@@ -7,8 +7,12 @@ Each log is read with :func:`speedrun.analysis.logs.parse_log` (a record's ``log
 Printed, for every validation step present in a reference log: the reference runs' val_loss, their spread
 (max - min), our runs' mean, the difference and the tolerance max(0.02, 2 x spread) of issue 20, and whether ours is
 within it; then the median step time (ms, from consecutive train lines' train_time) per stage of ``--boundaries``
-(the first two steps of each stage left out: a new batch shape's first steps), reference and ours. A log cut short
-(a run that stopped) is compared over the steps it has, and the table says which steps a side is missing.
+(the first two steps of each stage left out: a new batch shape's first steps), reference and ours, over all runs of
+a side; then each run alone: its train_time at its last validation and its medians per stage, over all steps and
+over the odd and the even steps apart (the records update Adam's parameters on odd steps only, ``adam_every: 2``:
+a cost paid on one parity shows as a split there, as record #87's eager C-Optim update did in session 42). The
+pooled medians mix runs that shared the GPU with runs alone; the per-run lines tell them apart. A log cut short (a
+run that stopped) is compared over the steps it has, and the table says which steps a side is missing.
 """
 
 from __future__ import annotations
@@ -46,6 +50,18 @@ def stage_medians(times: list[dict[int, float]], boundaries: list[int]) -> list[
     return medians
 
 
+def run_summary(path: Path, boundaries: list[int]) -> dict:
+    """One run alone: ``train_time_s`` at its last validation (None without one), and per stage of ``boundaries``
+    its median step time (ms) over all steps, odd steps and even steps (``stage_ms``, ``odd_ms``, ``even_ms``)."""
+    times = step_times(path)
+    metrics = parse_log(path).metrics
+    vals = metrics[metrics["kind"] == "val"]
+    last = float(vals["train_time_ms"].iloc[-1]) / 1000 if len(vals) else None
+    return {"log": str(path), "train_time_s": last, "stage_ms": stage_medians([times], boundaries),
+            "odd_ms": stage_medians([{s: t for s, t in times.items() if s % 2}], boundaries),
+            "even_ms": stage_medians([{s: t for s, t in times.items() if not s % 2}], boundaries)}
+
+
 def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> dict:
     """The comparison as a dict (``rows`` per validation step, ``stages`` with both sides' medians)."""
     ref_vals = [val_losses(p) for p in reference]
@@ -63,8 +79,10 @@ def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> d
     stages = {"boundaries": boundaries,
               "reference_ms": stage_medians([step_times(p) for p in reference], boundaries),
               "ours_ms": stage_medians([step_times(p) for p in ours], boundaries)}
+    runs = {"reference": [run_summary(p, boundaries) for p in reference],
+            "ours": [run_summary(p, boundaries) for p in ours]}
     return {"reference": [str(p) for p in reference], "ours": [str(p) for p in ours], "rows": rows,
-            "stages": stages}
+            "stages": stages, "runs": runs}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -90,6 +108,12 @@ def main() -> int:
     for i, (ref, mine) in enumerate(zip(stages["reference_ms"], stages["ours_ms"])):
         lo, hi = stages["boundaries"][i], stages["boundaries"][i + 1]
         print(f"stage {i + 1} (steps {lo + 2}-{hi}): median step reference {_fmt(ref, 1)} ms, ours {_fmt(mine, 1)} ms")
+    print("per run: train_time, then median ms per stage (all steps; odd / even steps)")
+    for side, runs in result["runs"].items():
+        for run in runs:
+            stages_text = "  ".join(f"{_fmt(a, 1)} ({_fmt(o, 1)} / {_fmt(e, 1)})"
+                                    for a, o, e in zip(run["stage_ms"], run["odd_ms"], run["even_ms"]))
+            print(f"{side:<9} {_fmt(run['train_time_s'], 2):>7} s  {stages_text}  {run['log']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
