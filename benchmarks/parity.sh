@@ -141,16 +141,18 @@ copy_code() {   # the carried tree is laid anew at every call: runs read a copy,
 }
 
 summarize() {   # summarize RECORD CONFIG [BOUNDARIES]: parity_summary.py over both sides' logs (record #87's own
-    # stage boundaries unless BOUNDARIES; parity_summary.py's default is the thirds of #88 and HEAD)
-    local record=$1 config=$2 bounds=${3:-}
+    # stage boundaries unless BOUNDARIES; parity_summary.py's default is the thirds of #88 and HEAD); our HEAD
+    # preset (parity-record89) against a record is the race: --race, val_loss at the record's evaluation times too
+    local record=$1 config=$2 bounds=${3:-} race=
     [ -z "$bounds" ] && [ "$record" = record87 ] && bounds=0,38,71,105,120
+    [ "$config" = parity-record89 ] && race=--race
     local ours=() log
     for log in $ROOT/ours-$config-*/$config-*.txt; do   # a run's log, not its --profile's operator table
         case $log in *.profile.txt) ;; *) ours+=("$log") ;; esac
     done
     # shellcheck disable=SC2086
     PYTHONPATH=src python3 benchmarks/parity_summary.py --reference $ROOT/$record-[0-9]*.txt \
-        --ours "${ours[@]}" ${bounds:+--boundaries $bounds} "${@:4}"
+        --ours "${ours[@]}" ${bounds:+--boundaries $bounds} $race "${@:4}"
 }
 
 ours_configs() {   # our parity configs against a record: record87 -> parity-record87; record88 -> + parity-record89;

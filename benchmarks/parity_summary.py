@@ -1,7 +1,7 @@
 """Compare the logs of a record's own script with ours on the same data and schedule (issue 20's parity check).
 
     python benchmarks/parity_summary.py --reference R1.txt R2.txt --ours O1.txt [O2.txt] \\
-        [--boundaries 0,35,70,105,120] [--json OUT.json]
+        [--boundaries 0,35,70,105,120] [--json OUT.json] [--race]
 
 Each log is read with :func:`speedrun.analysis.logs.parse_log` (a record's ``logs/<uuid>.txt`` or our run log).
 Printed, for every validation step present in a reference log: the reference runs' val_loss, their spread
@@ -13,6 +13,12 @@ over the odd and the even steps apart (the records update Adam's parameters on o
 a cost paid on one parity shows as a split there, as record #87's eager C-Optim update did in session 42). The
 pooled medians mix runs that shared the GPU with runs alone; the per-run lines tell them apart. A log cut short (a
 run that stopped) is compared over the steps it has, and the table says which steps a side is missing.
+
+With ``--race`` (issue 20's race: our HEAD preset against record #88's code, equal training wall-clock): also, at
+each of the reference's evaluations, the reference runs' mean train_time and val_loss, and our val_loss at that
+train_time, each of our runs read off its own (train_time, val_loss) evaluations by linear interpolation (its last
+val_loss past its last evaluation: training over, the model stays), then averaged; "ahead" where ours is at or
+below. Linear in time between evaluations 20 steps apart is an approximation of the curve, the same for every run.
 """
 
 from __future__ import annotations
@@ -26,11 +32,17 @@ from pathlib import Path
 from speedrun.analysis.logs import parse_log
 
 
-def val_losses(path: Path) -> dict[int, float]:
-    """step -> val_loss of the log at ``path``."""
+def val_curve(path: Path) -> dict[int, tuple[float, float]]:
+    """step -> (train_time s, val_loss) of every evaluation of the log at ``path``."""
     metrics = parse_log(path).metrics
     rows = metrics[metrics["kind"] == "val"]
-    return {int(s): float(v) for s, v in zip(rows["step"], rows["val_loss"])}
+    return {int(s): (float(t) / 1000, float(v)) for s, t, v in zip(rows["step"], rows["train_time_ms"],
+                                                                    rows["val_loss"])}
+
+
+def val_losses(path: Path) -> dict[int, float]:
+    """step -> val_loss of the log at ``path``."""
+    return {step: loss for step, (_, loss) in val_curve(path).items()}
 
 
 def step_times(path: Path) -> dict[int, float]:
@@ -85,6 +97,32 @@ def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> d
             "stages": stages, "runs": runs}
 
 
+def val_at(curve: list[tuple[float, float]], seconds: float) -> float:
+    """The val_loss of ``curve`` at train_time ``seconds``: linear between the evaluations around it, the last
+    evaluation's past the end. Raises ``ValueError`` for an empty curve."""
+    if not curve:
+        raise ValueError("a run without an evaluation has no val_loss to race with")
+    for (t0, v0), (t1, v1) in zip(curve, curve[1:]):
+        if t0 <= seconds <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (seconds - t0) / (t1 - t0)
+    return curve[-1][1] if seconds >= curve[-1][0] else curve[0][1]
+
+
+def race(reference: list[Path], ours: list[Path]) -> list[dict]:
+    """At each evaluation step of the reference runs: their mean train_time (s) and val_loss, our runs' mean
+    val_loss at that train_time (:func:`val_at` of each run), and whether ours is at or below (``ahead``)."""
+    ref_curves = [val_curve(p) for p in reference]
+    our_curves = [[point for _, point in sorted(val_curve(p).items())] for p in ours]
+    rows = []
+    for step in sorted(set().union(*ref_curves)):
+        points = [c[step] for c in ref_curves if step in c]
+        seconds = statistics.fmean(t for t, _ in points)
+        ref = statistics.fmean(v for _, v in points)
+        mine = statistics.fmean(val_at(c, seconds) for c in our_curves)
+        rows.append({"step": step, "train_time_s": seconds, "reference": ref, "ours": mine, "ahead": mine <= ref})
+    return rows
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -96,8 +134,12 @@ def main() -> int:
     parser.add_argument("--boundaries", default="0,35,70,105,120",
                         help="stage boundaries in steps (default: a record's 3 stages over 105 + 15 steps)")
     parser.add_argument("--json", type=Path, help="also write the comparison as JSON here")
+    parser.add_argument("--race", action="store_true",
+                        help="also compare val_loss at the reference's evaluation times (equal wall-clock)")
     args = parser.parse_args()
     result = compare(args.reference, args.ours, [int(b) for b in args.boundaries.split(",")])
+    if args.race:
+        result["race"] = race(args.reference, args.ours)
     print("step  reference runs        spread  ours runs             diff     tol     within")
     for r in result["rows"]:
         ref = " ".join(_fmt(v) for v in r["reference"])
@@ -114,6 +156,11 @@ def main() -> int:
             stages_text = "  ".join(f"{_fmt(a, 1)} ({_fmt(o, 1)} / {_fmt(e, 1)})"
                                     for a, o, e in zip(run["stage_ms"], run["odd_ms"], run["even_ms"]))
             print(f"{side:<9} {_fmt(run['train_time_s'], 2):>7} s  {stages_text}  {run['log']}")
+    if args.race:
+        print("race: at the reference's evaluation times, ours read off its runs' curves")
+        print("step  train_time  reference  ours     ahead")
+        for r in result["race"]:
+            print(f"{r['step']:>4}  {r['train_time_s']:>8.2f} s  {r['reference']:.4f}     {r['ours']:.4f}   {r['ahead']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0

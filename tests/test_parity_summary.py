@@ -49,3 +49,29 @@ def test_the_summary_compares_both_sides_and_skips_our_profile_table(tmp_path):
     assert runs[1][:3] == ["reference", "0.61", "s"] and runs[1][-1].endswith("record88-2.txt")
     assert runs[3][:9] == ["ours", "0.67", "s", "112.0", "(100.0", "/", "124.0)", "112.0", "(100.0"]
     assert runs[2][3:6] == ["110.0", "(110.0", "/"] and len(runs) == 4
+    assert "race:" not in proc.stdout                  # the race is our HEAD preset's (parity-record89) alone
+
+
+def test_the_race_reads_our_val_loss_at_the_records_evaluation_times(tmp_path):
+    """parity.sh summary of our HEAD preset (parity-record89) against record #88's code adds the race: at each of
+    the record's evaluations (mean train_time over its runs), our val_loss read off each run's curve (linear in
+    time between its evaluations; its last past its end), averaged, and whether ours is at or below."""
+    for run in (1, 2):
+        (tmp_path / f"record88-{run}.txt").write_text(log({0: 10.0, 3: 5.0, 6: 4.0}, 100.0))
+    # run 1 at 120 ms a step (evaluations at 0, 0.36, 0.72 s), run 2 at 50 ms (0, 0.15, 0.30 s: over by 0.3 s)
+    for run, (vals, ms) in enumerate([({0: 10.0, 3: 4.4, 6: 3.7}, 120.0), ({0: 10.0, 3: 6.0, 6: 4.2}, 50.0)], 1):
+        folder = tmp_path / f"ours-parity-record89-{run}"
+        folder.mkdir()
+        (folder / f"parity-record89-{run}.txt").write_text(log(vals, ms))
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PARITY_ROOT": str(tmp_path), "PATH": path}
+    proc = subprocess.run(["bash", "benchmarks/parity.sh", "summary", "record88", "parity-record89", "0,3,6"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    race = [line.split() for line in lines[lines.index("step  train_time  reference  ours     ahead") + 1:]]
+    # step 3 at 0.30 s: run 1 10 + (4.4 - 10)·0.30/0.36 = 5.3333, run 2 at its end 4.2: mean 4.7667 <= 5.0
+    # step 6 at 0.60 s: run 1 4.4 + (3.7 - 4.4)·0.24/0.36 = 3.9333, run 2 4.2: mean 4.0667 > 4.0
+    assert race == [["0", "0.00", "s", "10.0000", "10.0000", "True"],
+                    ["3", "0.30", "s", "5.0000", "4.7667", "True"],
+                    ["6", "0.60", "s", "4.0000", "4.0667", "False"]]
