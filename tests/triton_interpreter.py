@@ -25,6 +25,11 @@ from typing import Any, Callable, Mapping, Sequence
 import pytest
 import torch
 
+from speedrun.support.cpu_math import resolve_cpu_math_dispatch
+
+# the children compute their eager references in a fresh process: first MKL's kernel choice, on one thread
+resolve_cpu_math_dispatch()
+
 
 def interpreted_results(test_file: str, out_dir: Path) -> dict:
     """Run ``python test_file OUT`` with ``TRITON_INTERPRET=1`` and return ``torch.load(OUT)``; skip the

@@ -30,6 +30,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from speedrun.support.stopping import RunStopped  # first: before torch's import
 from speedrun.support.divergence import DivergenceWatch
+from speedrun.support.cpu_math import resolve_cpu_math_dispatch
 from speedrun.support.phases import RunPhases
 
 import numpy as np
@@ -615,6 +616,7 @@ def run_training(config: TrainConfig, *, variant: str, seed: int, shards_dir: st
         raise SpeedrunError(f"stop_step {stop_step}: expected a step from 1 to the run's {config.steps} steps")
     phases = RunPhases() if phases is None else phases
     env = os.environ if env is None else env
+    resolve_cpu_math_dispatch()          # a fresh process's first threaded float math may be inexact (torch bug)
     with phases.timed("device"):
         launch = Launch(env)
         launch.check(config)
