@@ -304,12 +304,13 @@ def test_cuda_step_updates_the_small_parameters_in_one_launch_with_the_one_param
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_warm_up_compiles_the_kernels_and_changes_nothing():
-    """CautiousAdam.warm_up (the training warm-up's) runs both kernels on scratch tensors: no parameter and no
-    state changes, and a step after it still updates as the eager formula does."""
+    """CautiousAdam.warm_up (the training warm-up's) runs the kernels on scratch tensors (C-Optim's for a C-Optim
+    group): no parameter and no state changes, and a step after it still updates every parameter."""
     params = [torch.nn.Parameter(torch.randn(n, device="cuda").to(dtype)) for n, dtype in
-              ((5, torch.float32), (72, torch.bfloat16), (100_000, torch.bfloat16))]
+              ((5, torch.float32), (72, torch.bfloat16), (100_000, torch.bfloat16), (50_000, torch.bfloat16))]
     before = [p.detach().clone() for p in params]
-    opt = CautiousAdam(params, weight_decay=1.0, **SETTINGS)
+    opt = CautiousAdam([{"params": params[:3]}, {"params": params[3:], "coptim": 0.5}], weight_decay=1.0,
+                       **SETTINGS)
     opt.warm_up()
     assert all(torch.equal(p, b) for p, b in zip(params, before)) and not opt.state
     for p in params:
