@@ -27,30 +27,36 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.analysis.logs import parse_log
 
 
-def val_curve(path: Path) -> dict[int, tuple[float, float]]:
-    """step -> (train_time s, val_loss) of every evaluation of the log at ``path``."""
-    metrics = parse_log(path).metrics
-    rows = metrics[metrics["kind"] == "val"]
-    return {int(s): (float(t) / 1000, float(v)) for s, t, v in zip(rows["step"], rows["train_time_ms"],
-                                                                    rows["val_loss"])}
+@dataclass(frozen=True)
+class RunTimes:
+    """One log, read once: ``curve`` step -> (train_time s, val_loss) of every evaluation, ``times`` step -> its
+    own time in ms (train_time of step s minus that of step s-1, for consecutive train lines)."""
 
+    path: Path
+    curve: dict[int, tuple[float, float]]
+    times: dict[int, float]
 
-def val_losses(path: Path) -> dict[int, float]:
-    """step -> val_loss of the log at ``path``."""
-    return {step: loss for step, (_, loss) in val_curve(path).items()}
+    @classmethod
+    def read(cls, path: Path) -> "RunTimes":
+        """The log at ``path`` (:func:`speedrun.analysis.logs.parse_log`)."""
+        metrics = parse_log(path).metrics
+        vals, train = metrics[metrics["kind"] == "val"], metrics[metrics["kind"] == "train"]
+        curve = {int(s): (float(t) / 1000, float(v)) for s, t, v in zip(vals["step"], vals["train_time_ms"],
+                                                                         vals["val_loss"])}
+        cumulative = {int(s): float(t) for s, t in zip(train["step"], train["train_time_ms"])}
+        times = {s: t - cumulative[s - 1] for s, t in cumulative.items() if s - 1 in cumulative}
+        return cls(path, curve, times)
 
-
-def step_times(path: Path) -> dict[int, float]:
-    """step -> its own time in ms (train_time of step s minus that of step s-1) for consecutive train lines."""
-    metrics = parse_log(path).metrics
-    rows = metrics[metrics["kind"] == "train"]
-    cumulative = {int(s): float(t) for s, t in zip(rows["step"], rows["train_time_ms"])}
-    return {s: t - cumulative[s - 1] for s, t in cumulative.items() if s - 1 in cumulative}
+    @property
+    def val_losses(self) -> dict[int, float]:
+        """step -> val_loss."""
+        return {step: loss for step, (_, loss) in self.curve.items()}
 
 
 def stage_medians(times: list[dict[int, float]], boundaries: list[int]) -> list[float | None]:
@@ -62,22 +68,20 @@ def stage_medians(times: list[dict[int, float]], boundaries: list[int]) -> list[
     return medians
 
 
-def run_summary(path: Path, boundaries: list[int]) -> dict:
+def run_summary(run: RunTimes, boundaries: list[int]) -> dict:
     """One run alone: ``train_time_s`` at its last validation (None without one), and per stage of ``boundaries``
     its median step time (ms) over all steps, odd steps and even steps (``stage_ms``, ``odd_ms``, ``even_ms``)."""
-    times = step_times(path)
-    metrics = parse_log(path).metrics
-    vals = metrics[metrics["kind"] == "val"]
-    last = float(vals["train_time_ms"].iloc[-1]) / 1000 if len(vals) else None
-    return {"log": str(path), "train_time_s": last, "stage_ms": stage_medians([times], boundaries),
-            "odd_ms": stage_medians([{s: t for s, t in times.items() if s % 2}], boundaries),
-            "even_ms": stage_medians([{s: t for s, t in times.items() if not s % 2}], boundaries)}
+    last = run.curve[max(run.curve)][0] if run.curve else None
+    return {"log": str(run.path), "train_time_s": last, "stage_ms": stage_medians([run.times], boundaries),
+            "odd_ms": stage_medians([{s: t for s, t in run.times.items() if s % 2}], boundaries),
+            "even_ms": stage_medians([{s: t for s, t in run.times.items() if not s % 2}], boundaries)}
 
 
-def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> dict:
-    """The comparison as a dict (``rows`` per validation step, ``stages`` with both sides' medians)."""
-    ref_vals = [val_losses(p) for p in reference]
-    our_vals = [val_losses(p) for p in ours]
+def compare(reference: list[RunTimes], ours: list[RunTimes], boundaries: list[int]) -> dict:
+    """The comparison as a dict (``rows`` per validation step, ``stages`` with both sides' medians, ``runs``
+    with each run's :func:`run_summary`)."""
+    ref_vals = [r.val_losses for r in reference]
+    our_vals = [r.val_losses for r in ours]
     rows = []
     for step in sorted(set().union(*ref_vals)):
         ref = [v[step] for v in ref_vals if step in v]
@@ -89,11 +93,11 @@ def compare(reference: list[Path], ours: list[Path], boundaries: list[int]) -> d
         rows.append({"step": step, "reference": ref, "spread": spread, "ours": mine, "diff": diff,
                      "tolerance": tolerance, "within": None if diff is None else abs(diff) <= tolerance})
     stages = {"boundaries": boundaries,
-              "reference_ms": stage_medians([step_times(p) for p in reference], boundaries),
-              "ours_ms": stage_medians([step_times(p) for p in ours], boundaries)}
-    runs = {"reference": [run_summary(p, boundaries) for p in reference],
-            "ours": [run_summary(p, boundaries) for p in ours]}
-    return {"reference": [str(p) for p in reference], "ours": [str(p) for p in ours], "rows": rows,
+              "reference_ms": stage_medians([r.times for r in reference], boundaries),
+              "ours_ms": stage_medians([r.times for r in ours], boundaries)}
+    runs = {"reference": [run_summary(r, boundaries) for r in reference],
+            "ours": [run_summary(r, boundaries) for r in ours]}
+    return {"reference": [str(r.path) for r in reference], "ours": [str(r.path) for r in ours], "rows": rows,
             "stages": stages, "runs": runs}
 
 
@@ -108,14 +112,13 @@ def val_at(curve: list[tuple[float, float]], seconds: float) -> float:
     return curve[-1][1] if seconds >= curve[-1][0] else curve[0][1]
 
 
-def race(reference: list[Path], ours: list[Path]) -> list[dict]:
+def race(reference: list[RunTimes], ours: list[RunTimes]) -> list[dict]:
     """At each evaluation step of the reference runs: their mean train_time (s) and val_loss, our runs' mean
     val_loss at that train_time (:func:`val_at` of each run), and whether ours is at or below (``ahead``)."""
-    ref_curves = [val_curve(p) for p in reference]
-    our_curves = [[point for _, point in sorted(val_curve(p).items())] for p in ours]
+    our_curves = [[point for _, point in sorted(r.curve.items())] for r in ours]
     rows = []
-    for step in sorted(set().union(*ref_curves)):
-        points = [c[step] for c in ref_curves if step in c]
+    for step in sorted(set().union(*(r.curve for r in reference))):
+        points = [r.curve[step] for r in reference if step in r.curve]
         seconds = statistics.fmean(t for t, _ in points)
         ref = statistics.fmean(v for _, v in points)
         mine = statistics.fmean(val_at(c, seconds) for c in our_curves)
@@ -137,9 +140,10 @@ def main() -> int:
     parser.add_argument("--race", action="store_true",
                         help="also compare val_loss at the reference's evaluation times (equal wall-clock)")
     args = parser.parse_args()
-    result = compare(args.reference, args.ours, [int(b) for b in args.boundaries.split(",")])
+    reference, ours = [RunTimes.read(p) for p in args.reference], [RunTimes.read(p) for p in args.ours]
+    result = compare(reference, ours, [int(b) for b in args.boundaries.split(",")])
     if args.race:
-        result["race"] = race(args.reference, args.ours)
+        result["race"] = race(reference, ours)
     print("step  reference runs        spread  ours runs             diff     tol     within")
     for r in result["rows"]:
         ref = " ".join(_fmt(v) for v in r["reference"])
