@@ -110,11 +110,13 @@ class CautiousAdam(PerParameterOptimizer):
         for dtype, coptim in {(p.dtype, coptim) for p, coptim in fused}:
             p, m, v = torch.zeros(16, dtype=dtype, device=device), *torch.zeros(2, 16, device=device)
             settings = (0.9, 0.95, 1e-8, 0.0, 0.0)                    # a zero step: the scratch stays zero
-            if coptim and _FUSED_COPTIM is not None:
-                _FUSED_COPTIM(p, p.clone(), m, v, *settings, 0.5)
-            if not coptim and _FUSED_UPDATE is not None:
+            if coptim:
+                if _FUSED_COPTIM is not None:
+                    _FUSED_COPTIM(p, p.clone(), m, v, *settings, 0.5)
+                continue
+            if _FUSED_UPDATE is not None:
                 _FUSED_UPDATE(p, p.clone(), m, v, *settings)
-            if not coptim and _FUSED_MANY is not None:
+            if _FUSED_MANY is not None:
                 _FUSED_MANY([p], [p.clone()], [m], [v], [settings])
 
     def _advance(self, p: torch.Tensor, group: dict[str, Any]) -> tuple[float, float, float, float, float]:
