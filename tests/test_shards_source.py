@@ -37,7 +37,26 @@ def write_folder(folder: Path, files: dict[str, bytes]) -> Path:
 
 def test_listing_takes_validation_then_train_in_name_order(tmp_path):
     folder = write_folder(tmp_path / "fineweb10B", {**GOOD, "README.txt": b"not a shard"})
-    assert list_shard_folder(folder) == [(folder / n).resolve() for n in ORDER]
+    assert list_shard_folder(folder) == [folder.absolute() / n for n in ORDER]
+
+
+def test_a_folder_of_links_keeps_the_names_and_order_of_its_links(tmp_path, monkeypatch):
+    """modded-nanogpt's data/fineweb10B/ as the Hugging Face cache leaves it: links into blobs/<sha256>, whose
+    names sort otherwise (here in reverse). The links' names decide the order and the split, and the manifest
+    names the folder's files; the placed shards point at the blobs' bytes."""
+    blobs = tmp_path / "hub" / "blobs"
+    folder = tmp_path / "hub" / "fineweb10B"
+    folder.mkdir(parents=True)
+    for rank, name in enumerate(ORDER):
+        blob = write_folder(blobs, {f"{9 - rank}{hashlib.sha256(GOOD[name]).hexdigest()}": GOOD[name]})
+        (folder / name).symlink_to(Path("..") / "blobs" / f"{9 - rank}{hashlib.sha256(GOOD[name]).hexdigest()}")
+    assert sorted(p.name for p in blobs.iterdir())[0].startswith("7")      # the blobs sort train 2, train 1, val
+    monkeypatch.chdir(tmp_path / "hub")
+    shards = list_shard_folder("fineweb10B")
+    assert shards == [folder.absolute() / n for n in ORDER]
+    manifest = import_pretokenized(shards, "fw", tmp_path / "out", in_place=True)
+    assert [(s["split"], s["source"], s["sha256"]) for s in manifest["shards"]] == [
+        ("val" if i == 0 else "train", str(folder / n), hashlib.sha256(GOOD[n]).hexdigest()) for i, n in enumerate(ORDER)]
 
 
 @pytest.mark.parametrize("files, message", [
@@ -75,9 +94,13 @@ def test_a_folder_without_shards_says_what_it_holds(tmp_path):
         list_shard_folder(tmp_path / "empty")
 
 
-def test_a_missing_folder_is_refused(tmp_path):
+def test_a_missing_folder_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SpeedrunError, match="not a folder"):
         list_shard_folder(tmp_path / "nowhere")
+    monkeypatch.chdir(tmp_path)          # a relative path: the message says what it is relative to
+    with pytest.raises(SpeedrunError) as error:
+        list_shard_folder("data/nowhere")
+    assert str(error.value).startswith(f"data.shards.path data/nowhere (relative to {tmp_path}): not a folder;")
 
 
 def test_in_place_links_the_shards_and_records_their_sha256(tmp_path):
@@ -90,7 +113,7 @@ def test_in_place_links_the_shards_and_records_their_sha256(tmp_path):
         assert (out / name).is_symlink() and Path(os.readlink(out / name)) == (folder / source).resolve()
     assert [(s["file"], s["split"], s["tokens"], s["sha256"], s["source"]) for s in manifest["shards"]] == [
         (n, "val" if i == 0 else "train", len(GOOD[o]) // 2 - 512, hashlib.sha256(GOOD[o]).hexdigest(),
-         str((folder / o).resolve())) for i, (n, o) in enumerate(zip(names, ORDER))]
+         str(folder.absolute() / o)) for i, (n, o) in enumerate(zip(names, ORDER))]
 
 
 def test_in_place_refuses_a_token_outside_gpt2(tmp_path):

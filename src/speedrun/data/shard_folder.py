@@ -17,18 +17,22 @@ from speedrun.errors import SpeedrunError
 
 
 def list_shard_folder(folder: str | os.PathLike[str]) -> list[Path]:
-    """The shards of ``folder``: its one ``*_val_*.bin`` then its ``*_train_*.bin`` in name order (absolute
-    paths). Each header and file size is checked (:func:`speedrun.data.shards.read_header`).
+    """The shards of ``folder``: its one ``*_val_*.bin`` then its ``*_train_*.bin`` in the order of their names in
+    the folder (absolute paths in the folder; symbolic links kept as links, so that a modded-nanogpt
+    ``data/fineweb10B/`` of links into the Hugging Face cache's hash-named ``blobs/`` keeps the order and the
+    names of its shards). Each header and file size is checked (:func:`speedrun.data.shards.read_header`).
 
     Raises :class:`SpeedrunError` (one line, naming the folder or file) for a missing folder, a folder without a
     validation shard, with more than one, without training shards, and for a bad header or a truncated file.
     """
     path = Path(folder).expanduser()
     if not path.is_dir():
-        raise SpeedrunError(f"data.shards.path {folder}: not a folder; expected a folder of *_val_*.bin and "
-                            "*_train_*.bin shards (modded-nanogpt's data/fineweb10B)")
-    val = sorted(p.resolve() for p in path.glob("*_val_*.bin"))
-    train = sorted(p.resolve() for p in path.glob("*_train_*.bin"))
+        relative = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise SpeedrunError(f"data.shards.path {folder}{relative}: not a folder; expected a folder of *_val_*.bin "
+                            "and *_train_*.bin shards (modded-nanogpt's data/fineweb10B)")
+    path = path.absolute()
+    val = sorted(path.glob("*_val_*.bin"), key=lambda p: p.name)
+    train = sorted(path.glob("*_train_*.bin"), key=lambda p: p.name)
     if not val:
         raise SpeedrunError(f"data.shards.path {folder}: no validation shard (*_val_*.bin) in the folder"
                             f"{_held(path)}")
