@@ -388,11 +388,21 @@ def test_a_run_without_seed_has_a_dash_in_the_run_table(tmp_path):
     text = render_summary([], [], table, "base", 6.5, 0.01)
     rows = [line for line in text.split("## Runs", 1)[1].splitlines() if line.startswith("| cand |")]
     assert [row.split(" | ")[1] for row in rows] == ["–", "–", "–"] and "None" not in text
-    # a seed column with a missing seed is float in pandas: the others stay integers
-    mixed = table.assign(seed=[3, None, 1])
-    rows = [line for line in render_summary([], [], mixed, "base", 6.5, 0.01).splitlines()
+
+
+def test_seeds_stay_exact_integers_beside_a_run_without_one(tmp_path):
+    """pandas makes a column with a missing value float: seeds printed 0.0 in runs.csv and a seed past 2^53
+    rounded (a new user's report: a script variant's log beside our runs). Seeds go up to 2^64 - 1."""
+    big = 2 ** 64 - 3
+    paths = [*_public_runs(tmp_path)[:1], _write_run(tmp_path / "cand", big, "complete", [10.8, 6.9], 6.9, 900.0),
+             _write_run(tmp_path / "cand", 0, "complete", [10.8, 7.1], 7.1, 950.0)]
+    table, curves = load_runs(paths)
+    assert list(table["seed"]) == [None, big, 0] and list(curves["seed"]) == [None] * 3 + [big] * 2 + [0] * 2
+    rows = [line for line in render_summary([], [], table, "base", 6.5, 0.01).splitlines()
             if line.startswith("| cand |")]
-    assert [row.split(" | ")[1] for row in rows] == ["3", "–", "1"]
+    assert [row.split(" | ")[1] for row in rows] == ["–", str(big), "0"]
+    lines = table.to_csv(index=False).splitlines()
+    assert [line.split(",")[1] for line in lines[1:]] == ["", str(big), "0"]
 
 
 def test_incomplete_runs_with_seed_are_named_by_seed(runs):

@@ -314,7 +314,7 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
     The variant of a run is the name of the folder of its record (results/parse/<variant>/seed<N>.json).
 
     Returns:
-        runs: one row per run: variant, seed, status, val_loss, train_time_s (s), steps (scheduled), last_step
+        runs: one row per run: variant, seed (a Python int, None where the log names none), status, val_loss, train_time_s (s), steps (scheduled), last_step
             (the last logged step: where an incomplete run stopped), file.
         curves: one row per validation line: variant, seed, step, val_loss, run (the run's row in ``runs``).
 
@@ -343,6 +343,10 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
                                        "file"])
     curve_frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=["step", "val_loss", "variant", "seed", "run"])
+    # seeds as Python ints (None where a log names none): pandas would make a column with a missing seed float,
+    # which prints 0.0 and rounds a seed past 2^53 (a seed is up to 2^64 - 1)
+    runs["seed"] = pd.Series([row["seed"] for row in rows], index=runs.index, dtype=object)
+    curve_frame["seed"] = curve_frame["run"].map(runs["seed"]).astype(object)
     return runs, curve_frame
 
 

@@ -208,18 +208,15 @@ def described_lines(described: Mapping[str, str], replicates: Sequence[str]) -> 
 def _run_name(r: Any) -> str:
     """A run in the list of incomplete runs: ``variant seed S``, or ``variant <file>`` when the seed is unknown
     (public logs have none)."""
-    if r.seed is None or (isinstance(r.seed, float) and math.isnan(r.seed)):
+    if r.seed is None:
         return f"{r.variant} {r.file if isinstance(r.file, str) else 'run without seed or file'}"
-    seed = int(r.seed) if isinstance(r.seed, float) and r.seed.is_integer() else r.seed   # NaN made the column float
-    return f"{r.variant} seed {seed}"
+    return f"{r.variant} seed {r.seed}"
 
 
 def _seed_cell(seed: Any) -> str:
-    """A run's seed in the run table: the integer, or a dash when the log has none (public logs; pandas makes a
-    column with a missing seed float, NaN for the missing ones)."""
-    if seed is None or (isinstance(seed, float) and math.isnan(seed)):
-        return DASH
-    return str(int(seed)) if isinstance(seed, float) and seed.is_integer() else str(seed)
+    """A run's seed in the run table (:func:`~speedrun.analysis.report_inputs.load_runs`' ints): the integer, or
+    a dash when the log has none (public logs)."""
+    return DASH if seed is None else str(seed)
 
 
 def _duplicate_of(r: Any) -> str | None:
