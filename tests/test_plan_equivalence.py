@@ -35,6 +35,8 @@ And for the records' bf16 weights (``weight_dtype: bfloat16``, record #57): the 
 "weight_dtype":"bfloat16"; nothing else changed (checked by script as above, 22 lines).
 And for the report's lines in the terminal (2026-12-07): the report job's shell ends ``2>&1 | tee
 logs/report/report.log`` instead of ``> logs/report/report.log 2>&1``; nothing else changed (one line a fixture).
+And for script variants' seeds (2026-12-07): the parse jobs' shell gains ``--seed <the job's seed>`` (recorded
+where a log names none, as a record script's does); nothing else changed (one substitution per parse job).
 """
 
 from __future__ import annotations

@@ -11,4 +11,4 @@ rule parse:
     log:
         "logs/parse/{variant}/seed{seed}.log",
     shell:
-        "speedrun parse {input.log} --csv {output.csv} --json {output.json} > {log} 2>&1"
+        "speedrun parse {input.log} --csv {output.csv} --json {output.json} --seed {wildcards.seed} > {log} 2>&1"

@@ -4,6 +4,7 @@ JSON, written atomically from :func:`speedrun.analysis.logs.parse_log` (:func:`p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,18 +28,27 @@ def record_to_json_text(record: RunRecord) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
-def parse_to_files(log: str, csv_path: str | None = None, json_path: str | None = None) -> str:
+def parse_to_files(log: str, csv_path: str | None = None, json_path: str | None = None,
+                   seed: int | None = None) -> str:
     """Parse ``log``; write the metrics CSV and/or record JSON atomically; return the record's JSON text.
+    ``seed``: the run's seed, recorded where the log names none (a record's own script logs none: the workflow's
+    seed numbers a script variant's replicates and names the run in the report).
 
     Raises:
-        SpeedrunError: ``log`` cannot be read or is not a training log; an output path is a folder (checked
-            before anything is written, so a refused call leaves neither file).
+        SpeedrunError: ``log`` cannot be read or is not a training log; the log names a seed other than ``seed``;
+            an output path is a folder (checked before anything is written, so a refused call leaves neither
+            file).
     """
     for path, what in ((csv_path, "--csv"), (json_path, "--json")):
         if path and os.path.isdir(path):
             raise SpeedrunError(f"{what} {path}: is a folder; expected a file name")
     parsed = parse_log(log)
-    text = record_to_json_text(parsed.record)
+    record = parsed.record
+    if seed is not None and record.seed is None:
+        record = dataclasses.replace(record, seed=seed)
+    elif seed is not None and record.seed != seed:
+        raise SpeedrunError(f"{log}: the log's seed is {record.seed}, not the run's seed {seed} (--seed)")
+    text = record_to_json_text(record)
     if csv_path:
         with atomic_open(csv_path, newline="") as f:
             write_metrics_csv(parsed.metrics, f)
