@@ -16,7 +16,7 @@ from hub_server import shard_bytes
 from speedrun.analysis.logs import read_record
 from speedrun.analysis.record_code import record_code
 from speedrun.errors import SpeedrunError
-from speedrun.training.record_script import lay_out_shards, run_script
+from speedrun.training.record_script import lay_out_shards, run_script, script_exit_status
 
 DATA = Path(__file__).parent / "data"
 VAL = [50256, 1000, 2000, 3000]                  # mean id 14064: the script's last val_loss 1.4064
@@ -68,6 +68,16 @@ def test_a_failing_script_is_reported(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "train_gpt.py"
     script.write_text("raise SystemExit(3)\n")
-    with pytest.raises(SpeedrunError, match="train_gpt.py exited with status"):
+    with pytest.raises(SpeedrunError) as error:
         run_script(script, [], shards_dir(tmp_path), tmp_path / "run", 1, tmp_path / "cache", {}, tmp_path / "o.txt")
+    # the script's own status, not torchrun's 1 (a new user's report)
+    assert str(error.value) == (f"train_gpt.py exited with status 3 (torchrun: 1) (its output: "
+                                f"{tmp_path / 'run' / 'torchrun.out'})")
     assert not (tmp_path / "o.txt").exists()
+
+
+def test_the_scripts_status_is_read_from_torchruns_report():
+    report = ("[rank0]: Traceback ...\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-12-07\n"
+              "  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 4242)\n  error_file: <N/A>\n")
+    assert script_exit_status(report) == -9
+    assert script_exit_status("torchrun: error: unrecognized arguments\n") is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -117,11 +118,22 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
                                 stdout=stream, stderr=subprocess.STDOUT, preexec_fn=_die_with_this_stage).returncode
     new = sorted(set(logs.glob("*.txt")) - before) if logs.is_dir() else []
     if status != 0:
-        raise SpeedrunError(f"{script.name} exited with status {status} (its output: {output})")
+        child = script_exit_status(output.read_text(encoding="utf-8", errors="replace"))
+        which = (f"{script.name} exited with status {child} (torchrun: {status})" if child is not None
+                 else f"torchrun exited with status {status} running {script.name}")
+        raise SpeedrunError(f"{which} (its output: {output})")
     if len(new) != 1:
         raise SpeedrunError(f"{script.name} left {len(new)} new logs in {logs} (expected one logs/<uuid>.txt)")
     write_text(out, new[0].read_text(encoding="utf-8"))
     return out
+
+
+def script_exit_status(torchrun_output: str) -> int | None:
+    """The exit status of the first failed process in torchrun's output (its ``ChildFailedError`` report:
+    ``exitcode  : 3 (pid: ...)``; negative for a signal), or None where the output reports none: torchrun itself
+    exits with 1 whatever its child's status."""
+    found = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", torchrun_output, flags=re.MULTILINE)
+    return int(found.group(1)) if found else None
 
 
 def _die_with_this_stage() -> None:
