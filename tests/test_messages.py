@@ -119,3 +119,15 @@ def test_seeds_written_as_text_are_shown_as_the_yaml_list(text):
         f"config.yaml: variants.candidate.seeds: '{text}' is not of type 'array' (seeds is a YAML list: [0, 1, 2])")
     config["variants"]["candidate"]["seeds"] = "all"                 # no integers: no list to suggest
     assert schema_error_message("config.yaml", _schema_error(config)).endswith("is not of type 'array'")
+
+
+def test_a_script_variants_boolean_env_value_is_told_to_quote_it():
+    """`env: {COMPILE: true}`: YAML reads true as a boolean, which no environment holds (a new user's report:
+    the schema's message alone did not say so, as the package's own check does)."""
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["variants"]["candidate"] = {"seeds": [0], "script": {"path": "train_gpt.py", "env": {"COMPILE": True}}}
+    assert schema_error_message("config.yaml", _schema_error(config)) == (
+        "config.yaml: variants.candidate.script.env.COMPILE: True is not of type 'string', 'number' (the environment "
+        "holds text: write true/false in quotes)")
+    config["variants"]["candidate"]["script"]["env"] = {"COMPILE": [1]}           # not a boolean: no such hint
+    assert schema_error_message("config.yaml", _schema_error(config)).endswith("is not of type 'string', 'number'")

@@ -33,8 +33,10 @@ def test_train_config_from_dict_and_derived_settings():
 
 
 @pytest.mark.parametrize("settings,match", [
-    ({"stepz": 3}, "unknown training setting 'stepz'"),
-    ({"model": {"widht": 3}}, "unknown model setting 'widht'"),
+    ({"stepz": 3}, "unknown training setting 'stepz' \\(did you mean 'steps'\\?\\); expected one of preset, model, "),
+    ({"muon_lrr": 1}, "unknown training setting 'muon_lrr' \\(did you mean 'muon_lr'\\?\\)"),   # `speedrun train`
+    ({"model": {"widht": 3}}, "unknown model setting 'widht' \\(model overrides accept "),          # nothing close
+    ({"model": {"n_layr": 3}}, "unknown model setting 'n_layr' \\(did you mean 'n_layer'\\?\\) \\(model overrides"),
     ({"micro_batches": 3, "world_size": 2, "tokens_per_step": 3}, "not a multiple of train.world_size"),
     ({"tokens_per_step": 4095}, "tokens_per_step 4095 is not a multiple of train.micro_batches 4"),
     ({"val_tokens": 1000}, "val_tokens 1000 is not a multiple"),

@@ -7,8 +7,9 @@ Every error a user can cause (a bad config value, a corrupt shard, a missing col
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -38,3 +39,10 @@ def number_text_hint(value: Any) -> str:
     if isinstance(yaml.safe_load(value), str):
         return f" (text, not a number: YAML reads {value} as a string; write it as {written})"
     return f" (text, not a number: write {written} without quotes)"
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'steps'?)`` for a misspelt ``key`` when one to three of ``known`` are close to it
+    (difflib's ratio >= 0.75, as ``stesp`` to ``steps``), else ``""``."""
+    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""

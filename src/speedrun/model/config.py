@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, get_args
 
-from speedrun.errors import SpeedrunError, number_text_hint
+from speedrun.errors import SpeedrunError, did_you_mean, number_text_hint
 from speedrun.model.windows import check_window_pattern
 
 RopeMode = Literal["full", "half_truncated"]
@@ -844,6 +844,7 @@ def build_model_config(preset: str, overrides: Mapping[str, Any] | None = None) 
     unknown = sorted(set(overrides) - set(valid))
     if unknown:
         raise SpeedrunError(
-            f"unknown model setting {unknown[0]!r} (model overrides accept {', '.join(valid)})"
+            f"unknown model setting {unknown[0]!r}{did_you_mean(unknown[0], valid)} (model overrides accept "
+            f"{', '.join(valid)})"
         )
     return dataclasses.replace(PRESETS[preset], **overrides)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, get_args
 
 from speedrun.data.loader import TRAIN_BATCHES, TrainBatchesKind
-from speedrun.errors import SpeedrunError, number_text_hint
+from speedrun.errors import SpeedrunError, did_you_mean, number_text_hint
 from speedrun.model.config import PRESETS, GPTConfig, build_model_config
 from speedrun.optim.config import (ADAM_EPS_UNITS, ALL_ADAM_KINDS, LOSS_UNITS, MOMENTUM_FORMS, ORTHOGONALIZERS,
                                    RECORD_ADAM_KINDS, LrMomentumSchedule, OptimConfig, ScheduleConfig)
@@ -473,7 +473,8 @@ class TrainConfig:
         names = cls.setting_names()
         for key in settings:
             if key not in names:
-                raise SpeedrunError(f"unknown training setting {key!r}; expected one of {', '.join(names)}")
+                raise SpeedrunError(f"unknown training setting {key!r}{did_you_mean(key, names)}; expected one of "
+                                    f"{', '.join(names)}")
         values = dict(settings)
         for key in ("adam_betas", "lr_stage_multipliers"):
             if isinstance(values.get(key), list):

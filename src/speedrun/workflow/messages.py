@@ -3,18 +3,12 @@ calls them) so that each says where a wrong value really comes from."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any, Iterable
 
 from speedrun.errors import number_text_hint
 
-
-def did_you_mean(key: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'steps'?)`` for a misspelt ``key`` when one to three of ``known`` are close to it
-    (difflib's ratio >= 0.75, as ``stesp`` to ``steps``), else ``""``."""
-    close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+ENV_TEXT_HINT = " (the environment holds text: write true/false in quotes)"
 
 
 def schema_value_hint(config_files: str, key: str, value: Any) -> str:
@@ -24,11 +18,13 @@ def schema_value_hint(config_files: str, key: str, value: Any) -> str:
     says to set ``key`` in a ``--configfile`` instead. Otherwise :func:`speedrun.errors.number_text_hint`
     (``write 0 without quotes``); ``""`` for a value that is no number written as text. A variant's ``seeds``
     given as one integer (``seeds: 3``) or as text of integers (``seeds: 0,1,2``) is shown as the list it may
-    have meant."""
+    have meant. A script variant's ``env`` value true/false (YAML's booleans) is to be quoted."""
     if key.endswith(".seeds") and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         runs = ", ".join(map(str, range(value))) if value <= 4 else f"0, 1, ..., {value - 1}"
         more = f", [{runs}] for {value} runs" if value > 1 else ""
         return f" (seeds is a list, one run per seed: [{value}] for seed {value}{more})"
+    if ".script.env." in f".{key}" and isinstance(value, bool):       # a script variant's env: {FLAG: true}
+        return ENV_TEXT_HINT
     parts = value.replace(",", " ").split() if isinstance(value, str) else []
     if key.endswith(".seeds") and parts and all(part.isdigit() for part in parts):
         return f" (seeds is a YAML list: [{', '.join(parts)}])"

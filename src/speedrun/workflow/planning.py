@@ -27,8 +27,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from speedrun.data.dataset import BOS_ENTRY_KEYS, SHARD_ENTRY_KEYS, check_splits, read_manifest
-from speedrun.errors import SpeedrunError, number_text_hint
-from speedrun.workflow.messages import did_you_mean, more_data_hint, schema_value_hint, value_span
+from speedrun.errors import SpeedrunError, did_you_mean, number_text_hint
+from speedrun.workflow.messages import more_data_hint, schema_value_hint, value_span
 from speedrun.model.config import PRESETS, GPTConfig
 from speedrun.optim.schedules import batch_stages
 from speedrun.optim.stages import StagedSchedule

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from speedrun.analysis.record_code import MAIN_SCRIPT, record_code
 from speedrun.analysis.provenance import sha256
 from speedrun.errors import SpeedrunError
+from speedrun.workflow.messages import ENV_TEXT_HINT
 
 # The variant's `train` keys that apply to a script variant: they place its processes (Placement).
 SCRIPT_TRAIN_KEYS = ("world_size", "nodes", "device")
@@ -145,6 +146,5 @@ def _check_file(where: str, key: str, path: str, what: str) -> None:
 
 def _env_value(where: str, key: str, name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise SpeedrunError(f"{where}: {key}.env.{name}: {value!r}; expected a string or a number (the "
-                            "environment holds text: write true/false in quotes)")
+        raise SpeedrunError(f"{where}: {key}.env.{name}: {value!r}; expected a string or a number{ENV_TEXT_HINT}")
     return str(value)
