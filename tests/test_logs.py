@@ -438,3 +438,23 @@ def test_bigrams_runs_match_published_statistics_md(group):
 def test_reference_readmes_are_not_logs():
     for path in REFERENCE.rglob("*.md"):
         assert sniff_format(path.read_bytes()) is None, path
+
+
+def test_parse_seed_names_a_record_scripts_run_and_must_agree_with_ours(tmp_path, capsys):
+    """`speedrun parse --seed N` (the workflow's seed of a script variant's replicate): recorded where the log
+    names none, refused where the log names another, a no-op where it names the same."""
+    from speedrun import cli
+
+    modded = write(tmp_path / "seed3.txt", modded_log())
+    assert cli.main(["parse", str(modded), "--json", str(tmp_path / "m.json"), "--seed", "3"]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["seed"] == 3
+    assert cli.main(["parse", str(modded), "--json", str(tmp_path / "none.json")]) == 0
+    assert json.loads((tmp_path / "none.json").read_text())["seed"] is None
+    ours = write(tmp_path / "seed1.txt", our_log(seed=1)[0])
+    assert cli.main(["parse", str(ours), "--json", str(tmp_path / "o.json"), "--seed", "1"]) == 0
+    assert json.loads((tmp_path / "o.json").read_text())["seed"] == 1
+    capsys.readouterr()
+    assert cli.main(["parse", str(ours), "--json", str(tmp_path / "o2.json"), "--seed", "2"]) == 2
+    assert capsys.readouterr().err == (f"speedrun parse: error: {ours}: the log's seed is 1, not the run's seed 2 "
+                                       "(--seed)\n")
+    assert not (tmp_path / "o2.json").exists()
