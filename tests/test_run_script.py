@@ -81,3 +81,18 @@ def test_the_scripts_status_is_read_from_torchruns_report():
               "  rank      : 0 (local_rank: 0)\n  exitcode  : -9 (pid: 4242)\n  error_file: <N/A>\n")
     assert script_exit_status(report) == -9
     assert script_exit_status("torchrun: error: unrecognized arguments\n") is None
+
+
+def test_a_log_that_is_no_training_log_fails_the_run(tmp_path):
+    """A script that exits 0 but leaves a log parse cannot read: refused here, so that no output stands that every
+    later call would fail to parse (a new user's report), and the next call runs the script again."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train_gpt.py"
+    script.write_text("import os, uuid\nos.makedirs('logs', exist_ok=True)\n"
+                      "open(f'logs/{uuid.uuid4()}.txt', 'w').write('hello\\n')\n")
+    with pytest.raises(SpeedrunError) as error:
+        run_script(script, [], shards_dir(tmp_path), tmp_path / "run", 1, tmp_path / "cache", {}, tmp_path / "o.txt")
+    assert str(error.value).startswith(f"train_gpt.py left {tmp_path / 'run' / 'logs'}/")
+    assert str(error.value).endswith(".txt, which is not a training log (expected the records' format: the code, a "
+                                     "line of 100 '=', then step:<s>/<N> lines; speedrun-spec.md section 4)")
+    assert not (tmp_path / "o.txt").exists()

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from speedrun.analysis.logs import sniff_format
 from speedrun.analysis.record_code import MAIN_SCRIPT, record_code
 from speedrun.errors import SpeedrunError
 from speedrun.support.atomic import write_text
@@ -94,7 +95,7 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
     """Run ``script`` (with its companion ``files``) as described in the module docstring; copy its log to
     ``out`` and return ``out``. A script already in ``run_dir`` (:func:`script_from_log`) runs where it is.
     Raises :class:`SpeedrunError` for a missing file, a script that exits non-zero (its status and torchrun's
-    output file named) or one that leaves no new ``logs/*.txt``, or several."""
+    output file named), one that leaves no new ``logs/*.txt``, or several, or one that is no training log."""
     if world_size < 1:
         raise SpeedrunError(f"world_size must be >= 1, got {world_size}")
     for path in (script, *files):
@@ -124,6 +125,9 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
         raise SpeedrunError(f"{which} (its output: {output})")
     if len(new) != 1:
         raise SpeedrunError(f"{script.name} left {len(new)} new logs in {logs} (expected one logs/<uuid>.txt)")
+    if sniff_format(new[0].read_bytes()) is None:        # kept as the run's log, parse would refuse it at every call
+        raise SpeedrunError(f"{script.name} left {new[0]}, which is not a training log (expected the records' "
+                            "format: the code, a line of 100 '=', then step:<s>/<N> lines; speedrun-spec.md section 4)")
     write_text(out, new[0].read_text(encoding="utf-8"))
     return out
 
