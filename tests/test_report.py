@@ -716,3 +716,12 @@ def test_a_zoom_fraction_outside_0_1_is_refused_before_anything_is_written(paths
     with pytest.raises(SpeedrunError, match=r"--zoom-last-fraction must be in \(0, 1\]"):
         report.main(args)
     assert not (tmp_path / "report").exists()
+
+
+def test_an_experiment_of_one_variant_is_told_it_has_no_candidate(runs):
+    """Not the CLI's `--comparisons` (which the workflow passes itself): a new user's single-variant report."""
+    table, _ = runs
+    text = render_summary(SUMMARY[:1], [], table, "baseline", 6.5, 0.01)
+    section = text.split("## Candidates against the baseline (baseline)", 1)[1].split("## Runs", 1)[0]
+    assert section.strip() == ("The experiment has one variant, `baseline` (the baseline): no candidate to test "
+                               "against it; a second variant under `variants` in the config would be one.")

@@ -257,13 +257,15 @@ def runs_lines(runs: pd.DataFrame) -> list[str]:
 
 
 def no_comparison_line(summary: Sequence[Mapping[str, Any]], baseline: str) -> str:
-    """What the candidates section says without ``--comparisons``: that no comparison was given, and which
-    groups of the summary besides ``baseline`` are therefore not tested against it."""
+    """What the candidates section says without ``--comparisons``: with the baseline alone in the summary (an
+    experiment of one variant), that there is no candidate; else that no comparison was given, and which groups
+    besides ``baseline`` are therefore not tested against it."""
     others = [g["group"] for g in summary if g["group"] != baseline]
-    given = "No comparison was given (`--comparisons`: the .json files of `speedrun compare`)"
     if not others:
-        return f"{given}; the summary has no group besides the baseline."
-    return f"{given}: {', '.join(others)} {'is' if len(others) == 1 else 'are'} not tested against the baseline."
+        return (f"The experiment has one variant, `{baseline}` (the baseline): no candidate to test against it; a "
+                "second variant under `variants` in the config would be one.")
+    return (f"No comparison was given (`--comparisons`: the .json files of `speedrun compare`): {', '.join(others)} "
+            f"{'is' if len(others) == 1 else 'are'} not tested against the baseline.")
 
 
 RUN_TIME_NOTE = ("Each run's process from its start to its log's `phases:` line (docs/formats.md \"Training log\"): "
