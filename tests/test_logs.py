@@ -113,7 +113,7 @@ def test_parse_cli_writes_csv_and_json(tmp_path, capsys):
     text, _ = our_log(steps=4, val_every=2)
     log = write(tmp_path / "train" / "seed0.txt", text)
     out_csv, out_json = tmp_path / "parse" / "seed0.csv", tmp_path / "parse" / "seed0.json"
-    assert parse.main(argparse.Namespace(log=str(log), csv=str(out_csv), json=str(out_json))) == 0
+    assert parse.main(argparse.Namespace(log=str(log), csv=str(out_csv), json=str(out_json), seed=None)) == 0
     assert capsys.readouterr().out == ""
     header = out_csv.read_text().splitlines()[0]
     assert header == "step,total_steps,kind,train_loss,val_loss,train_time_ms,step_avg_ms"
@@ -125,7 +125,7 @@ def test_parse_cli_writes_csv_and_json(tmp_path, capsys):
     assert record["status"] == "complete" and record["val_loss"] == 8.8 and record["file"] == str(log)
     assert RunRecord.from_json(record) == read_record(log)
     assert not list(out_csv.parent.glob(".tmp-*"))
-    parse.main(argparse.Namespace(log=str(log), csv=None, json=None))
+    parse.main(argparse.Namespace(log=str(log), csv=None, json=None, seed=None))
     assert json.loads(capsys.readouterr().out) == record
 
 
