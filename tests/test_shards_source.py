@@ -48,15 +48,17 @@ def test_a_folder_of_links_keeps_the_names_and_order_of_its_links(tmp_path, monk
     folder = tmp_path / "hub" / "fineweb10B"
     folder.mkdir(parents=True)
     for rank, name in enumerate(ORDER):
-        blob = write_folder(blobs, {f"{9 - rank}{hashlib.sha256(GOOD[name]).hexdigest()}": GOOD[name]})
-        (folder / name).symlink_to(Path("..") / "blobs" / f"{9 - rank}{hashlib.sha256(GOOD[name]).hexdigest()}")
+        blob = f"{9 - rank}{hashlib.sha256(GOOD[name]).hexdigest()}"
+        write_folder(blobs, {blob: GOOD[name]})
+        (folder / name).symlink_to(Path("..") / "blobs" / blob)
     assert sorted(p.name for p in blobs.iterdir())[0].startswith("7")      # the blobs sort train 2, train 1, val
     monkeypatch.chdir(tmp_path / "hub")
     shards = list_shard_folder("fineweb10B")
     assert shards == [folder.absolute() / n for n in ORDER]
     manifest = import_pretokenized(shards, "fw", tmp_path / "out", in_place=True)
     assert [(s["split"], s["source"], s["sha256"]) for s in manifest["shards"]] == [
-        ("val" if i == 0 else "train", str(folder / n), hashlib.sha256(GOOD[n]).hexdigest()) for i, n in enumerate(ORDER)]
+        ("val" if i == 0 else "train", str(folder / n), hashlib.sha256(GOOD[n]).hexdigest())
+        for i, n in enumerate(ORDER)]
 
 
 @pytest.mark.parametrize("files, message", [

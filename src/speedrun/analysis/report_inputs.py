@@ -314,8 +314,9 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
     The variant of a run is the name of the folder of its record (results/parse/<variant>/seed<N>.json).
 
     Returns:
-        runs: one row per run: variant, seed (a Python int, None where the log names none), status, val_loss, train_time_s (s), steps (scheduled), last_step
-            (the last logged step: where an incomplete run stopped), file.
+        runs: one row per run: variant, seed (a Python int, None where the log names none), status, val_loss,
+            train_time_s (s), steps (scheduled), last_step (the last logged step: where an incomplete run
+            stopped), file.
         curves: one row per validation line: variant, seed, step, val_loss, run (the run's row in ``runs``).
 
     Raises:
