@@ -125,10 +125,11 @@ def run_script(script: Path, files: Sequence[Path], shards_dir: Path, run_dir: P
         raise SpeedrunError(f"{which} (its output: {output})")
     if len(new) != 1:
         raise SpeedrunError(f"{script.name} left {len(new)} new logs in {logs} (expected one logs/<uuid>.txt)")
-    if sniff_format(new[0].read_bytes()) is None:        # kept as the run's log, parse would refuse it at every call
+    text = new[0].read_text(encoding="utf-8")
+    if sniff_format(text.encode("utf-8")) is None:      # as the run's log, parse would refuse it at every call
         raise SpeedrunError(f"{script.name} left {new[0]}, which is not a training log (expected the records' "
                             "format: the code, a line of 100 '=', then step:<s>/<N> lines; speedrun-spec.md section 4)")
-    write_text(out, new[0].read_text(encoding="utf-8"))
+    write_text(out, text)
     return out
 
 
