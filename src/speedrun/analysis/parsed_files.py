@@ -44,10 +44,10 @@ def parse_to_files(log: str, csv_path: str | None = None, json_path: str | None 
             raise SpeedrunError(f"{what} {path}: is a folder; expected a file name")
     parsed = parse_log(log)
     record = parsed.record
-    if seed is not None and record.seed is None:
+    if seed is not None:
+        if record.seed not in (None, seed):
+            raise SpeedrunError(f"{log}: the log's seed is {record.seed}, not the run's seed {seed} (--seed)")
         record = dataclasses.replace(record, seed=seed)
-    elif seed is not None and record.seed != seed:
-        raise SpeedrunError(f"{log}: the log's seed is {record.seed}, not the run's seed {seed} (--seed)")
     text = record_to_json_text(record)
     if csv_path:
         with atomic_open(csv_path, newline="") as f:

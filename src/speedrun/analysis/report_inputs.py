@@ -339,13 +339,13 @@ def load_runs(record_paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]
         if missing:
             raise SpeedrunError(f"{csv_path}: lacks column(s) {', '.join(sorted(missing))}")
         val = metrics[metrics["kind"] == "val"][["step", "val_loss"]]
-        curves.append(val.assign(variant=record["variant"], seed=record.get("seed"), run=i))
+        curves.append(val.assign(variant=record["variant"], run=i))
     runs = pd.DataFrame(rows, columns=["variant", "seed", "status", "val_loss", "train_time_s", "steps", "last_step",
                                        "file"])
     curve_frame = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
-        columns=["step", "val_loss", "variant", "seed", "run"])
+        columns=["step", "val_loss", "variant", "run"])
     # seeds as Python ints (None where a log names none): pandas would make a column with a missing seed float,
-    # which prints 0.0 and rounds a seed past 2^53 (a seed is up to 2^64 - 1)
+    # which prints 0.0 and rounds a seed past 2^53 (a seed is up to 2^64 - 1); each curve's is its run's
     runs["seed"] = pd.Series([row["seed"] for row in rows], index=runs.index, dtype=object)
     curve_frame["seed"] = curve_frame["run"].map(runs["seed"]).astype(object)
     return runs, curve_frame
